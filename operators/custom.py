@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import warnings
 from math import prod
@@ -23,8 +24,9 @@ from typing import Any, Mapping, NamedTuple
 import torch
 from torch import nn
 
-from operators.custom_checks import check_rows_independent, check_state_round_trip, probe_copy
-from operators.custom_code import CustomModuleError, build_custom, settings_kept, stop_named, user_failure, why
+from operators.custom_checks import check_rows_independent, check_state_round_trip, one_row_refusal, probe_copy
+from operators.custom_code import (CustomModuleError, UserCodeRefused, build_custom, exits_refused, settings_kept,
+                                   stop_named, user_failure, why)
 from operators.dense import Shapes
 
 
@@ -32,6 +34,10 @@ MAX_OUT_WIDTH = 16_777_216  # values per sample a custom module may return (the 
 DRY_RUN_BATCH = 2  # samples of the meta-device dry run
 # the dry runs, (samples, training mode): at two sizes (a width must not follow the batch) and in eval mode
 DRY_RUNS = ((DRY_RUN_BATCH, True), (DRY_RUN_BATCH + 1, True), (DRY_RUN_BATCH, False))
+
+
+class NoRoomForDryRun(CustomModuleError):
+    """A class too large to build on the CPU for a dry run its forward needs (`_check_cpu_room`)."""
 
 
 class DryRun(NamedTuple):
@@ -81,13 +87,28 @@ def _dry_run(path: str, params: Mapping[str, Any], in_width: int) -> DryRun:
         try:
             outputs = [_meta_forward(inner, batch, in_width, training) for batch, training in DRY_RUNS]
             graded = True
-        except (Exception, SystemExit):  # a user's forward may raise anything; meta tensors hold no values
+        except (Exception, SystemExit) as exc:  # a user's forward may raise anything; meta tensors hold no values
+            _check_cpu_room(path, inner, exc)
             inner, names, outputs = _cpu_dry_run(path, params, in_width)  # (`x.sum() > 0`, `.item()`): real zeros
             graded = False  # that run is without gradients
     _check_no_new_state(path, inner, names)
     if graded:
         _check_gradient(path, inner, outputs)
     return DryRun(_checked_width(path, outputs), *state_bytes(inner))
+
+
+def measured_memory(path: str, params: Mapping[str, Any]) -> tuple[int, int]:
+    """`state_bytes` of `Class(**params)` built on the meta device (no memory; no forward): the
+    memory of a module whose spec gives its `out_width`, so that no dry run measures it.
+
+    Raises:
+        CustomModuleError: the class cannot be imported or built.
+    """
+    with user_failure(path, "counting its parameters"), contextlib.redirect_stdout(sys.stderr), \
+            stop_named(path, "constructing"):
+        with torch.device("meta"):
+            inner = build_custom(path, params).to("meta")  # CPU tensors made outside torch's factories too
+        return state_bytes(inner)
 
 
 def built_width(inner: nn.Module, path: str, params: Mapping[str, Any], in_width: int) -> int:
@@ -215,6 +236,43 @@ def _width(path: str, out: Any, x: torch.Tensor) -> int:
     return width
 
 
+def _check_cpu_room(path: str, inner: nn.Module, failure: BaseException) -> None:
+    """Refuse to build `inner`'s class on the CPU for the dry run where it holds more than half the
+    memory the machine has free (its meta build's `state_bytes`): a forward that needs values and
+    a large buffer had the dry run of `flowrec plan` allocate it all, and the kernel kill flowrec
+    without a word.
+
+    Raises:
+        CustomModuleError: naming the class, what it holds and the meta forward's failure.
+    """
+    held, room = sum(state_bytes(inner)), cpu_dry_run_room()
+    if room is not None and held > room:
+        raise NoRoomForDryRun(f"{path} holds {_size(held)} and its forward fails on the meta device "
+                                f"({why(failure)}), so its dry run would build it on the CPU, with "
+                                f"{_size(room)} to spare: give its out_width in the spec (and param_bytes, "
+                                "buffer_bytes), which skips the dry run")
+
+
+def _size(n: int) -> str:
+    """Bytes in GiB, or MiB below one GiB."""
+    return f"{n / 2**30:,.1f} GiB" if n >= 2**30 else f"{n / 2**20:,.1f} MiB"
+
+
+def cpu_dry_run_room() -> int | None:
+    """Bytes a CPU dry run may build: half the memory the machine has available (Linux's
+    MemAvailable, else its free pages; None: unknown)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as info:
+            kib = next(int(line.split()[1]) for line in info if line.startswith("MemAvailable:"))
+        return kib * 1024 // 2
+    except (OSError, ValueError, StopIteration, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def _cpu_dry_run(path: str, params: Mapping[str, Any],
                  in_width: int) -> tuple[nn.Module, set[str], list[tuple[Any, torch.Tensor]]]:
     """The module, the names of its state as built, and its forward on (batch, in_width) zeros on
@@ -240,10 +298,14 @@ class CustomModule(nn.Module):
         self.inner = inner
         self.path = path  # the class path; `label` (the spec's module name) is set by lowering
         self.label = "?"
+        self.one_row: str | None = None  # why it cannot train on one row (`one_row_refusal`), set at its build
+        self.width: int | None = None  # values per sample the next modules were built for (the spec's out_width)
+        self.last: torch.Tensor | None = None  # its last output, detached: named by `non_finite_outputs`
 
     @classmethod
     def from_config(cls, config: dict[str, Any], input_shapes: Shapes) -> "CustomModule":
-        """The module, built once; a spec's own `out_width` is checked against it (`built_width`).
+        """The module, built once; a spec's own `out_width` is checked against it (`built_width`),
+        and whether it trains on a batch of one row is tried (`one_row`).
 
         Raises:
             CustomModuleError: the class cannot be used, or returns another width than `out_width`.
@@ -263,26 +325,53 @@ class CustomModule(nn.Module):
                                     "create its tensors without device='meta'")
         declared = config.get("out_width")
         if declared is not None:
-            width = built_width(inner, path, params, in_width)
+            try:
+                width = built_width(inner, path, params, in_width)
+            except NoRoomForDryRun:  # no room for a second one: its forward checks its width at each call
+                width = declared
             if width != declared:
                 raise CustomModuleError(f"custom module {path} returns {width} values per sample, "
                                         f"not its out_width {declared}: correct out_width or leave it out")
         module = cls(inner, path)
+        module.width = declared
         check_state_round_trip(module, path)
         check_rows_independent(inner, path, in_width)
+        module.one_row = one_row_refusal(inner, path, in_width, params)
         return module
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        """nn.Module's, where the class's own state code may not end the process (a state_dict that
+        called sys.exit(0) at a checkpoint ended the run with status 0, no checkpoint and no word):
+        an `ExitAttempt`, which `state_failure` names."""
+        with exits_refused():
+            return super().state_dict(*args, **kwargs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # its own copy: x may be another module's output itself (one input), which a forward that
         # changes its input in place (nn.ReLU(inplace=True)) would change for its other readers and
         # for autograd (which keeps it for that module's backward)
-        out = self.inner(x.clone())
+        # under the guards of the import and the dry run: sys.exit(0) or os._exit(0) ended a run with status 0
+        # and no word, os.chdir() or torch.set_default_dtype() in a forward moved the run's relative paths and
+        # made flowrec's later tensors float64 (put back after each call; compiled code is not traced through them)
+        with contextlib.nullcontext() if torch.compiler.is_compiling() else settings_kept(signals=False):
+            out = self.inner(x.clone())
         if not isinstance(out, torch.Tensor):  # the dry run saw a tensor: a forward that returns other at times
             raise TypeError(f"it returned a {type(out).__name__}, not one (B, ...) tensor")
         if out.device != x.device:  # `.cpu()`, a tensor made without device=: the next module fails far from here
             raise RuntimeError(f"it returned a tensor on {out.device} for its input on {x.device}: return it on the "
                                "input's device (make new tensors with device=x.device)")
-        return out if out.dim() == 2 else out.reshape(out.shape[0], -1)
+        if out.dim() == 0 or out.shape[0] != x.shape[0]:  # h[:1], h.sum(0): the loss failed far from here
+            raise RuntimeError(f"it returned {tuple(out.shape)} for {x.shape[0]:,} rows: return one (B, ...) tensor, "
+                               "a row of output for each row of input")
+        out = out if out.dim() == 2 else out.reshape(out.shape[0], -1)
+        if self.width is not None and out.shape[1] != self.width:
+            # a width that changes after the build (a counter, a mode): the next module failed with a traceback
+            raise RuntimeError(f"it returned {out.shape[1]:,} values per sample where it returned {self.width:,} when "
+                               "the model was built (its out_width): its values per sample must not change between "
+                               "calls")
+        if not torch.compiler.is_compiling():
+            self.last = out.detach()
+        return out
 
 
 DATA_DEPENDENT_FLOW = ("uses a tensor's values in Python (an if or while on a tensor, its bool(), int() or "
@@ -305,9 +394,25 @@ def custom_failure(exc: BaseException) -> str | None:
             named = f"custom module {getattr(module, 'label', '?')!r} ({getattr(module, 'path', '?')})"
             if isinstance(exc, GuardOnDataDependentSymNode):
                 return f"{named} {DATA_DEPENDENT_FLOW}"
-            return f"{named} raised {why(exc)}"
+            return f"{named} {'' if isinstance(exc, UserCodeRefused) else 'raised '}{why(exc)}"
         tb = tb.tb_next
     return None
+
+
+def non_finite_outputs(model: nn.Module) -> str | None:
+    """`custom module 'NAME' (CLASS) returned non-finite values for R of B rows` for each custom
+    module of `model` whose last output holds NaN or infinity, or None: a non-finite loss named its
+    head only, far from the module that made it (a forward returning NaN on some rows)."""
+    said = []
+    for module in model.modules():
+        last = getattr(module, "last", None) if isinstance(module, CustomModule) else None
+        if last is None or not last.numel() or not last.is_floating_point():
+            continue
+        bad = int((~torch.isfinite(last)).reshape(len(last), -1).any(1).sum())
+        if bad:
+            said.append(f"custom module {module.label!r} ({module.path}) returned non-finite values for {bad:,} of "
+                        f"{len(last):,} rows")
+    return "; ".join(said) or None
 
 
 def backward_failure(exc: BaseException, model: nn.Module) -> str | None:
@@ -346,7 +451,8 @@ def state_failure(exc: BaseException, model: nn.Module) -> str | None:
     if found is None:
         return None
     owner, method = found
-    return f"custom module {owner.label!r} ({owner.path}): its {method}() raised {why(exc)}"
+    return (f"custom module {owner.label!r} ({owner.path}): its {method}() "
+            f"{'' if isinstance(exc, UserCodeRefused) else 'raised '}{why(exc)}")
 
 
 def _materialize_lazy(inner: nn.Module, path: str, in_width: int) -> None:

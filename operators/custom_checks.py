@@ -134,3 +134,55 @@ def _compare_rows(copied: nn.Module, path: str, in_width: int) -> None:
 def _rows_of(out: Any, rows: int) -> bool:
     """`out` is a tensor of `rows` rows."""
     return isinstance(out, torch.Tensor) and out.dim() >= 1 and out.shape[0] == rows
+
+
+def one_row_refusal(inner: nn.Module, path: str, in_width: int,
+                    params: Mapping[str, Any] | None = None) -> str | None:
+    """Why `inner` cannot train on a batch of one row where it trains on two (`nn.BatchNorm1d`:
+    "Expected more than 1 value per channel when training"), else None. An epoch's last batch, a
+    rank's share of one or a day's last batch may hold one row: the trainer skips such a batch for
+    such a module (`LoweredModel.one_row_refusers`) where the run stopped there after the epoch's
+    training. Tried in training mode with gradients on ROW_CHECK_SEED's skewed values, on a copy
+    (`probe_copy`), off torch's generator: the module's own state (batch norm's running statistics)
+    stays as it was. A module too large to copy is tried itself, its buffers put back after, or
+    where its buffers too hold more than PROBE_COPY_BYTES, as the class built again from `params`
+    on the meta device (shapes only: batch norm's check is one of shapes; None without `params`). A
+    forward that fails on two rows too says nothing here (the step names its error as before).
+    """
+    module, kept = probe_copy(inner), []
+    buffer_bytes = sum(t.numel() * t.element_size() for t in inner.buffers() if not nn.parameter.is_lazy(t))
+    if module is None and buffer_bytes <= PROBE_COPY_BYTES:  # the module itself, its buffers put back after
+        module, kept = inner, [(t, t.detach().clone()) for t in inner.buffers()]
+    elif module is None:
+        if params is None:
+            return None
+        from operators.custom_code import build_custom
+
+        try:
+            with torch.device("meta"), settings_kept(), contextlib.redirect_stdout(sys.stderr):
+                module = build_custom(path, params).to("meta")
+        except (Exception, SystemExit):  # built once already: a second build that fails tells nothing here
+            return None
+    training = inner.training
+    gen = torch.Generator().manual_seed(ROW_CHECK_SEED)
+    x = torch.randn(2, in_width, generator=gen) * torch.logspace(-1, 1, 2)[:, None]
+    x = x.to("meta") if any(t.is_meta for t in (*module.parameters(), *module.buffers())) else x
+
+    def run(rows: torch.Tensor) -> str | None:
+        try:
+            with (torch.random.fork_rng(devices=[]), torch.enable_grad(), settings_kept(), warnings.catch_warnings(),
+                  contextlib.redirect_stdout(sys.stderr), stop_named(path, "running")):
+                warnings.simplefilter("ignore")
+                module.train(True)(rows.clone().requires_grad_(True))
+        except (Exception, SystemExit) as exc:  # a user's forward may raise anything
+            return why(exc)
+        return None
+
+    try:
+        refused = run(x[:1])
+        return refused if refused is not None and run(x) is None else None
+    finally:
+        inner.train(training)
+        with torch.no_grad():
+            for tensor, value in kept:
+                tensor.copy_(value)

@@ -22,6 +22,7 @@ from typing import Any, Iterator, Mapping
 
 import torch
 from torch import nn
+from torch.nn.modules import module as torch_module
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # whose handlers stop flowrec (Ctrl-C, a scheduler's stop)
 THREAD_MARK = "flowrec_started_while"  # attribute of a thread a user's code started and left running
@@ -29,6 +30,29 @@ THREAD_MARK = "flowrec_started_while"  # attribute of a thread a user's code sta
 
 class CustomModuleError(ValueError):
     """A custom class that cannot be used (import, construction, sparse parameters); one line."""
+
+
+class UserCodeRefused(RuntimeError):
+    """Something a user's code did under flowrec's guards that flowrec undid and refuses (its
+    message says what, in words that follow the class's name)."""
+
+
+class ExitAttempt(UserCodeRefused):
+    """A user's code asked to end the process (`sys.exit(0)`, `exit()`, `os._exit(0)`) while it ran
+    under flowrec's guards (`exits_refused`): flowrec ended with that status and no word, where a
+    scripted pipeline took status 0 for a trained model. Said as the user's error, in one line."""
+
+
+class GlobalHookMade(UserCodeRefused):
+    """A user's code registered a hook on every module of the process
+    (`torch.nn.modules.module.register_module_forward_hook` and its kin): it ran on flowrec's own
+    modules too (a forward hook doubling every output trained a wrong model without a word)."""
+
+
+GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+                "_global_backward_pre_hooks", "_global_forward_hooks_always_called",
+                "_global_forward_hooks_with_kwargs", "_global_buffer_registration_hooks",
+                "_global_module_registration_hooks", "_global_parameter_registration_hooks")  # torch.nn.modules.module's
 
 
 class UserCodeInterrupted(KeyboardInterrupt):
@@ -54,32 +78,64 @@ def stop_named(path: str, doing: str) -> Iterator[None]:
 
 
 def why(exc: BaseException) -> str:
-    """`Type: first line of the message` of a user's exception (one line)."""
+    """`Type: first line of the message` of a user's exception (one line); a `UserCodeRefused` its message."""
     text = str(exc).strip()
+    if isinstance(exc, UserCodeRefused):
+        return text
     return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
 
 
 @contextlib.contextmanager
-def settings_kept() -> Iterator[None]:
+def exits_refused() -> Iterator[None]:
+    """Within: the user's code may not end the process. `sys.exit(...)`, `exit()` and `quit()`
+    (SystemExit) and `os._exit(...)` called from this thread raise `ExitAttempt` instead (os._exit
+    from another thread ends the process as it would: flowrec's own teardown); a stop
+    (KeyboardInterrupt) passes. Cheap: an attribute set and put back."""
+    real, owner = os._exit, threading.get_ident()
+
+    def refused(status: int) -> None:
+        if threading.get_ident() != owner:
+            real(status)
+        raise ExitAttempt(f"tried to end the process: os._exit({status!r}) (raise an exception to fail)")
+
+    os._exit = refused
+    try:
+        yield
+    except SystemExit as exc:
+        raise ExitAttempt(f"tried to end the process: sys.exit({exc.code!r}) (or exit(), quit(); raise an exception "
+                          "to fail)") from None
+    finally:
+        os._exit = real
+
+
+@contextlib.contextmanager
+def settings_kept(signals: bool = True) -> Iterator[None]:
     """Within: a user's code may change process-wide settings (a module file's top-level
     `torch.set_default_dtype(torch.float64)`, `torch.set_grad_enabled(False)`, `os.chdir(...)`,
     `sys.stdout = open(os.devnull, "w")` or `signal.signal(signal.SIGINT, signal.SIG_IGN)`); they
     are put back after it, so flowrec's own tables and layers stay float32, its training keeps its
     gradients, the paths it was given (`--out runs/x`, `--json plan.json`) name what they named, its
     lines are seen and Ctrl-C and SIGTERM stop it as they did (a setting changed by the user's code
-    holds while that code runs)."""
+    holds while that code runs). An exit it attempts is an `ExitAttempt` (`exits_refused`); a hook
+    it registers on every module of the process is removed, and refused (`GlobalHookMade`).
+    `signals=False`: the stop handlers are left as they are (a forward's guard at every call, where
+    they cost most of its time)."""
     dtype, grad = torch.get_default_dtype(), torch.is_grad_enabled()
     streams = sys.stdout, sys.stderr
-    handlers = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    handlers = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS} if signals else {}
     try:
         folder = os.getcwd()
     except OSError:  # the working folder is gone: nothing to put back
         folder = None
+    hooks = _global_hook_keys()
     try:
-        yield
+        with exits_refused():
+            yield
     finally:
-        torch.set_default_dtype(dtype)
-        torch.set_grad_enabled(grad)
+        if torch.get_default_dtype() is not dtype:
+            torch.set_default_dtype(dtype)
+        if torch.is_grad_enabled() is not grad:
+            torch.set_grad_enabled(grad)
         sys.stdout, sys.stderr = streams
         for sig, handler in handlers.items():
             if handler is not None and signal.getsignal(sig) is not handler:
@@ -88,6 +144,32 @@ def settings_kept() -> Iterator[None]:
         if folder is not None:
             with contextlib.suppress(OSError):  # removed meanwhile: paths fail there as they would have
                 os.chdir(folder)
+        made = _drop_global_hooks(hooks)
+    if made:  # said where the code returned; a failure of its own is said as it is
+        raise GlobalHookMade(f"registered a hook on every module of the process ({', '.join(made)}: "
+                             "torch.nn.modules.module.register_module_*_hook), which would run on flowrec's own "
+                             "modules too; it was removed: register hooks on the class's own submodules "
+                             "(self.proj.register_forward_hook(...))")
+
+
+def _global_hook_keys() -> list[tuple[str, dict[Any, Any], tuple[Any, ...]]]:
+    """(name, table, its handles) of torch's process-wide module hook tables (GLOBAL_HOOKS)."""
+    return [(name, table, tuple(table)) for name in GLOBAL_HOOKS
+            if isinstance(table := getattr(torch_module, name, None), dict)]
+
+
+def _drop_global_hooks(before: list[tuple[str, dict[Any, Any], tuple[Any, ...]]]) -> list[str]:
+    """Remove the process-wide module hooks registered since `before`; the tables that had one."""
+    made = []
+    for name, table, kept in before:
+        if len(table) == len(kept) and tuple(table) == kept:
+            continue
+        new = [key for key in table if key not in kept]
+        for key in new:
+            del table[key]
+        if new:
+            made.append(name.removeprefix("_global_"))
+    return made
 
 
 @contextlib.contextmanager

@@ -39,7 +39,7 @@ FILES: dict[str, frozenset[str]] = {
         "test_render", "test_movielens_releases", "test_runtime_hostmem", "test_runtime_session", "test_spec_limits",
         "test_spec_roundtrip", "test_spec_training", "test_spec_validate", "test_spec_yaml_scan",
         "test_table_snapshot", "test_checkpoint_stream", "test_checkpoint_direct", "test_cores", "test_train_loop_parts", "test_vocab_growth", "test_split_fit", "test_output_guard",
-        "test_custom", "test_custom_hostile", "test_heads", "test_mlp_regularize", "test_moe", "test_packed_mlp_lowering", "test_table_l2",
+        "test_custom", "test_custom_hostile", "test_custom_guards", "test_heads", "test_mlp_regularize", "test_moe", "test_packed_mlp_lowering", "test_table_l2",
         "test_managed_spec", "test_managed_map", "test_managed_shards", "test_days", "test_self_attention", "test_similarity",
         "test_retrieval", "test_calibrate_collective", "test_targets", "test_compiled_fallback",
         "test_dense_optimizer_fused", "test_source_mlp", "test_next_item_data", "test_truncate", "test_memory_fit",
@@ -105,6 +105,10 @@ FILES: dict[str, frozenset[str]] = {
 TESTS: dict[str, frozenset[str]] = {
     "tests/unit/test_serving_hostile.py::test_the_separator_note_reads_a_spec_with_data_options": frozenset(),
     "tests/unit/test_custom_hostile.py::test_a_command_whose_class_file_left_a_thread_running_ends": frozenset({"processes"}),
+    "tests/unit/test_custom_guards.py::test_os_exit_in_a_class_file_ends_flowrec_with_a_failure_and_one_line":
+        frozenset({"processes"}),
+    "tests/unit/test_custom_guards.py::test_a_ranks_share_of_one_row_skips_that_step_on_every_rank":
+        frozenset({"processes"}),
     "tests/unit/test_serving_leftovers.py::test_a_specs_table_map_is_made_once_and_a_spec_still_pickles": frozenset(),
     "tests/unit/test_bench_later_epochs.py::test_a_real_run_times_every_epoch_of_both_runs": frozenset({"processes"}),
     "tests/unit/test_bench_calibration_noise.py::test_a_real_run_measures_both_settings_with_their_own_rounds_and_blocks":

@@ -378,20 +378,26 @@ def planned_spec_or_exit(path: Path, run: "Path | None" = None, check_given: boo
             fail(str(exc))
         for line in notes:
             (note or (lambda text: say(f"note: {text}", err=True)))(line)
-    if not unresolved_modules(spec) and not (check_given and any(m.kind in DRY_RUN_KINDS for m in spec.modules)):
+    customs = [m for m in spec.modules if m.kind in DRY_RUN_KINDS]
+    if not unresolved_modules(spec) and not (check_given and customs) \
+            and all(m.param("param_bytes") is not None for m in customs):
         return spec  # nothing to import (planning stays free of torch)
     from flowrec.runs.errors import EXIT_INTERRUPTED
     from flowrec.runtime.custom import CustomInterrupted, resolve_custom
     from flowrec.runtime.signals import interrupt_name
 
+    notes: list[str] = []
     try:
-        return resolve_custom(spec, check_given)
+        spec = resolve_custom(spec, check_given, notes)
     except SpecError as exc:
         _exit_with_issues(path, exc)
     except CustomInterrupted as exc:  # a user's code that never returns: say whose it was
         fail(f"{path}: {exc.where}: interrupted ({interrupt_name(exc.cause)}) while {exc.what}: its code had not "
              "returned (an endless loop at the file's top level, in its constructor or its forward?); nothing was "
              "written", EXIT_INTERRUPTED)
+    for line in notes:  # a module whose memory the plan could not count
+        (note or (lambda text: say(f"note: {text}", err=True)))(line)
+    return spec
 
 
 def load_spec_or_exit(path: Path) -> ModelSpec:

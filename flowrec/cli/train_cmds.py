@@ -1007,6 +1007,10 @@ def _report(result, run_dir: Path, json_out: bool, json_lines: bool = False) -> 
         warn(f"{result.skipped_batches:,} of {result.steps:,} batches had a non-finite loss and were skipped "
              f"(--nan-policy skip-batch): the model learned from the other {result.steps - result.skipped_batches:,} "
              f"only (metrics.jsonl marks the skipped steps)")
+    if result.skipped_rows and is_lead_rank():  # batches a custom module cannot train on (batch norm of one row)
+        warn(f"custom module {'; '.join(result.one_row_refusers)}: {result.skipped_rows:,} "
+             f"of {result.samples:,} rows were skipped, in batches that gave it one row (an epoch's or a day's last "
+             "batch, a rank's share under --nproc; metrics.jsonl marks the skipped steps)")
     if json_out:
         from flowrec.runtime.run_log import jsonable
 

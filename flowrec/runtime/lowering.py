@@ -201,6 +201,8 @@ class LoweredModel(nn.Module):
         self.noise = [m for m in self.ops.modules() if isinstance(m, SeededDropout)]
         self.noise_seed = seed
         self.custom = any(isinstance(m, CustomModule) for m in self.ops.modules())
+        # custom modules that cannot train on a batch of one row (batch norm): such a batch is skipped
+        self.one_row_refusers = tuple(m for m in self.ops.modules() if isinstance(m, CustomModule) and m.one_row)
         if self.world is not None:  # batch norm by the global batch's statistics
             from flowrec.runtime.distributed.data_parallel import sum_over_ranks
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from flowrec.data.batches import Batch
+from flowrec.data.batches import Batch, rank_slice
 from flowrec.runtime.lowering import LoweredModel
 from flowrec.runtime.retrieval import candidates, embed_step, head_items, item_labels
 from operators.lowp import autocast_bf16
@@ -55,6 +55,8 @@ def train_step(model: LoweredModel, optimizer: torch.optim.Optimizer, batch: Bat
     batch, emb, negatives, neg_rows = embed_step(model, binding, batch)  # sparse stage: {group: (B, S, D)}
     size = dense.shape[0]
     chunks = max(1, micro_batches) if parallel is not None else max(1, min(micro_batches, size))
+    if getattr(model, "one_row_refusers", ()):  # a custom module that cannot train on one row: no such micro-batch
+        chunks = max(1, min(chunks, min(_shares(parallel, batch.samples_in_step, size)) // 2))
     if binding is not None:  # in-batch negatives are the whole batch: one softmax, one chunk
         chunks = 1
     if chunks == 1:
@@ -83,6 +85,30 @@ def train_step(model: LoweredModel, optimizer: torch.optim.Optimizer, batch: Bat
     torch.autograd.backward([emb[g] for g in leaves], [leaves[g].grad for g in leaves])
     _dense_update(optimizer, clip_grad_norm)
     return total
+
+
+def one_row_skip(model: Any, batch: Batch, parallel: Any = None) -> int:
+    """The rows of `batch` to skip rather than train: all of them where `model` holds a custom
+    module that cannot train on one row (`LoweredModel.one_row_refusers`: batch norm) and the batch,
+    or with several ranks any rank's share of the global batch, holds one row (every rank decides
+    alike from the global batch's size, and all skip the step together); else 0. Deterministic:
+    a resumed run skips the same batches."""
+    return batch.samples_in_step if gives_one_row(model, batch.samples_in_step, batch.size, parallel) else 0
+
+
+def gives_one_row(model: Any, global_size: int, size: int, parallel: Any = None) -> bool:
+    """A batch of `global_size` rows (`size` of them this process's) gives a custom module of
+    `model` that cannot train on one row one row: in one process, or as some rank's share."""
+    return bool(getattr(model, "one_row_refusers", ())) and 1 in _shares(parallel, global_size, size)
+
+
+def _shares(parallel: Any, global_size: int, size: int) -> list[int]:
+    """The rows each rank trains of a global batch of `global_size` (none empty, at least one),
+    or [size] in one process."""
+    if parallel is None:
+        return [size]
+    world = parallel.world.size
+    return [hi - lo for lo, hi in (rank_slice(global_size, world, r) for r in range(world)) if hi > lo] or [0]
 
 
 def _dense(model: LoweredModel, parallel: Any, dense: torch.Tensor, emb: dict[str, torch.Tensor],

@@ -61,7 +61,7 @@ from flowrec.runtime.rundir import BEST_DIR, METRICS_FILE, write_text
 from flowrec.runtime.lr_schedule import LRController, LRSchedule, sparse_optimizers
 from flowrec.runtime.evaluation.retrieval import SeenItems
 from flowrec.runtime.retrieval import read_items, sampler as negative_sampler
-from flowrec.runtime.step import DEFAULT_LOOKAHEAD, make_dense_optimizer, train_step
+from flowrec.runtime.step import DEFAULT_LOOKAHEAD, gives_one_row, make_dense_optimizer, one_row_skip, train_step
 from flowrec.spec.load import to_dict
 from flowrec.spec.model import ModelSpec
 from operators.device import forked_generators
@@ -202,6 +202,8 @@ class TrainResult:
     stage_seconds: dict[str, float] = field(default_factory=dict)
     counters: dict[str, dict[str, Any]] = field(default_factory=dict)
     skipped_batches: int = 0
+    skipped_rows: int = 0  # rows of batches skipped for a custom module that cannot train on one row
+    one_row_refusers: list[str] = field(default_factory=list)  # those modules: "'NAME' (CLASS) cannot ... (why)"
     stopped_early: bool = False
     stop_requested: bool = False
     best_step: int | None = None
@@ -268,6 +270,7 @@ class Trainer:
         self._interrupt = GracefulInterrupt()
         self._per_epoch = 0
         self.skipped_batches = 0
+        self.skipped_rows = 0  # this session's rows of one-row batches a custom module cannot train (`one_row_skip`)
         self.world = getattr(model, "world", None)  # the ranks of a distributed run (None: one process)
         self.checkpointer = self._make_checkpointer()
         # a checkpoint taken while training runs (--checkpoint-every) reads the rows marked before each
@@ -361,8 +364,10 @@ class Trainer:
 
         A KeyboardInterrupt saves a resumable checkpoint at the last completed step and returns
         a result with `interrupted=True`. A non-finite loss under `nan_policy="stop"` (or non-finite
-        parameters at a checkpoint) raises TrainingStopped and keeps the last checkpoint.
+        parameters at a checkpoint) raises TrainingStopped and keeps the last checkpoint; so does a
+        model whose every batch would be skipped (`_check_full_batches`), before anything is written.
         """
+        self._check_full_batches()
         cfg = self.config
         hooks = hooks or Hooks()
         self.hooks = hooks if on_step is None else Hooks(on_step, hooks.on_eval, hooks.on_checkpoint)
@@ -445,6 +450,9 @@ class Trainer:
         samples = self.position.samples - start_samples
         result = TrainResult(self.position.step, samples, seconds, samples / max(seconds, 1e-9), loss,
                              interrupted=interrupted, skipped_batches=self.skipped_batches,
+                             skipped_rows=self.skipped_rows,
+                             one_row_refusers=[f"{m.label!r} ({m.path}) cannot train on one row ({m.one_row})"
+                                               for m in getattr(self.model, "one_row_refusers", ())],
                              stopped_early=self.stopped_early, stop_requested=self._stop_requested)
         if not interrupted and eval_source is not None:
             try:  # no step to stop after: Ctrl-C or SIGTERM ends the evaluation, the checkpoint is still taken
@@ -469,12 +477,27 @@ class Trainer:
                             "seconds": seconds, "samples_per_s": result.samples_per_s,
                             "interrupted": interrupted, "stage_seconds": result.stage_seconds,
                             "counters": result.counters, "skipped_batches": self.skipped_batches,
+                            "skipped_rows": self.skipped_rows,
                             "stopped_early": self.stopped_early, "best_step": result.best_step,
                             "checkpoint_writes_s": self.checkpointer.seconds,
                             "checkpoint_stalls": self.checkpoint_stalls,
                             "checkpoint_extra_bytes": getattr(self.checkpointer, "extra_bytes", []),
                             **({"managed": result.managed} if result.managed else {})})
         return result
+
+    def _check_full_batches(self) -> None:
+        """Refuse a run whose every batch would be skipped (`one_row_skip`): a custom module that
+        cannot train on one row, and a batch size that gives it one row (training.batch_size 1,
+        or one row a rank under --nproc), where it trained nothing and said so at its end only."""
+        size = self.spec.training.batch_size
+        ranks = 1 if self.world is None else self.world.size
+        if not gives_one_row(self.model, size, size if ranks == 1 else size // ranks, self.parallel):
+            return
+        named = "; ".join(f"{m.label!r} ({m.path}) cannot train on one row ({m.one_row})"
+                          for m in self.model.one_row_refusers)
+        share = f" ({size} rows over {ranks} ranks)" if ranks > 1 else ""
+        raise TrainingStopped(f"custom module {named}, and every batch gives it one row{share}: nothing would train; "
+                              f"make training.batch_size at least {2 * ranks}; nothing was trained")
 
     @property
     def stopped_early(self) -> bool:
@@ -500,7 +523,7 @@ class Trainer:
 
     def _epoch(self, train_source: Any, eval_source: Any, bar: TrainProgress, total: int) -> float | None:
         pos = self.position
-        loss = None
+        last = None
         exhausted = False
         staged = self._staged(train_source)
         with TransferStage(staged, self.model.device, self.prefetch, self.host_groups,
@@ -511,7 +534,10 @@ class Trainer:
                 lr_dense, lr_sparse = self.lr.apply(pos.step)
                 if self._marks_rows:  # before the step: a full checkpoint may still be copying rows
                     self.checkpointer.mark(batch)
-                loss, skipped_head = self._step(batch)
+                skipped_rows = one_row_skip(self.model, batch, self.parallel)
+                loss, skipped_head = self._step(batch, train=not skipped_rows)
+                last = last if skipped_rows else loss  # the epoch's last loss is of a batch it did not skip
+                self.skipped_rows += skipped_rows
                 self.stage_seconds["compute"] += time.perf_counter() - t0
                 pos.batch, pos.step = batch.index + 1, pos.step + 1
                 pos.samples += batch.samples_in_step
@@ -521,6 +547,8 @@ class Trainer:
                               "lr_dense": lr_dense, "lr_sparse": lr_sparse}
                     if skipped_head is not None:
                         record.update(skipped=True, head=skipped_head)
+                    if skipped_rows:
+                        record.update(skipped=True, skipped_rows=skipped_rows)
                     self.log.write(record)
                     self.log.scalars(pos.step, {"throughput/samples_per_s": bar.samples_per_s()})
                 if self.hooks.on_step is not None:
@@ -541,7 +569,7 @@ class Trainer:
             pos.epoch, pos.batch = pos.epoch + 1, 0
         if self._interrupted():
             raise KeyboardInterrupt
-        return loss
+        return last
 
     def _check_next(self, batch: Any) -> None:
         """Exactly once: a batch is trained only as the next one of the epoch (with several ranks,
@@ -554,8 +582,9 @@ class Trainer:
         raise DataError(f"the data staging delivered batch {batch.index} of epoch {self.position.epoch} where "
                         f"batch {self.position.batch} was expected; nothing of it was trained")
 
-    def _step(self, batch: Any) -> tuple[float | None, str | None]:
-        """One guarded step: (loss, None), or (None, head) for a skipped non-finite batch."""
+    def _step(self, batch: Any, train: bool = True) -> tuple[float | None, str | None]:
+        """One guarded step: (loss, None), or (None, head) for a skipped non-finite batch; (None,
+        None) without `train` (a batch skipped as `one_row_skip` says), the managed maps moved on."""
         managed = getattr(self.model, "managed", None)
         if managed is not None:
             managed.before_step(self.model.embeddings, batch)
@@ -563,7 +592,7 @@ class Trainer:
             model = LossGuard(self.model) if self.parallel is None else self.model  # ranks agree on it
             self.model.seed_custom(self.position.step, 0 if self.world is None else self.world.rank)
             result = train_step(model, self.optimizer, batch, self.micro_batches, self.precision,
-                                self.clip_grad_norm, self.parallel), None
+                                self.clip_grad_norm, self.parallel) if train else None, None
         except NonFiniteLoss as bad:
             step = self.position.step + 1
             # a parameter already non-finite (an update overflowed it): skipping would skip every later
@@ -583,13 +612,21 @@ class Trainer:
                                       f"rate){skipping}; training stopped, {self.checkpoint_note()}") from None
             if self.config.nan_policy != "skip-batch":
                 raise TrainingStopped(f"non-finite loss ({bad.value}) at step {step} in head {bad.head}"
-                                      f"{self._label_note(bad.head, batch)}; training stopped, "
+                                      f"{self._label_note(bad.head, batch)}{self._custom_note()}; training stopped, "
                                       f"{self.checkpoint_note()} (--nan-policy skip-batch skips such batches)") from None
             self.skipped_batches += 1
             result = None, bad.head
         if managed is not None:  # the map moves on with the data stage, trained or skipped
             managed.after_step(batch)
         return result
+
+    def _custom_note(self) -> str:
+        """Which custom module returned the non-finite values of this step, where one did (its last
+        output: `operators.custom.non_finite_outputs`)."""
+        from operators.custom import non_finite_outputs
+
+        named = non_finite_outputs(self.model) if getattr(self.model, "custom", False) else None
+        return f" ({named})" if named else ""
 
     def _label_note(self, head: str, batch: Any) -> str:
         """Why a regression head's loss overflowed, when its batch's labels say: squared errors of

@@ -140,8 +140,8 @@ def _one_line_error(result, path: str, says: str) -> None:
 
 
 @pytest.mark.parametrize("cls, params, says", [
-    ("Exits", None, "failed: SystemExit: 3"),
-    ("ExitsInForward", None, "failed on a (2, 8) input: SystemExit: 4"),
+    ("Exits", None, "failed: tried to end the process: sys.exit(3)"),
+    ("ExitsInForward", None, "failed on a (2, 8) input: tried to end the process: sys.exit(4)"),
     ("Empty", None, "returns 0 values per sample"),
     ("Huge", None, "returns 80,000,000,000 values per sample"),
     ("Raises", None, "failed: ValueError: first line"),
