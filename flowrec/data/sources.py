@@ -8,7 +8,9 @@ with their line numbers and are dropped from the chunk (or raise, by policy). Ev
 carries `LINE_COLUMN`, the 1-based line of each row in its file, so later checks (labels) can
 report rows the same way.
 
-Readers are registered by the `data.format` names of the spec.
+Readers are registered by the `data.format` names of the spec. `flowrec predict` reads the rows it
+scores with a `Scoring` (labels may be missing; only the package's columns are read): a reader
+argument of its own, never one of the spec's data.options, which a spec fills as it likes.
 
 Example:
     >>> chunks = READERS["criteo_tsv"](Path("day_0.tsv"), {}, ErrorLog("skip"), {"label"})  # doctest: +SKIP
@@ -17,8 +19,9 @@ from __future__ import annotations
 
 import sys
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Collection, Iterator
+from typing import Any, Callable, Collection, Iterator, Protocol
 
 import numpy as np
 import pandas as pd
@@ -40,24 +43,40 @@ INT64_BOUND = 2.0 ** 63  # MovieLens ids and timestamps are int64: whole numbers
 FLOAT32_MAX = float(np.finfo(np.float32).max)  # larger numbers cannot be encoded
 LINE_COLUMN = "__line__"  # int64: 1-based line of the row in its file (u.data for movielens)
 
-Reader = Callable[[Path, dict[str, Any], ErrorLog, set[str]], Iterator[pa.Table]]
+@dataclass(frozen=True)
+class Scoring:
+    """How `flowrec predict` reads the rows a package scores: a row's label may be missing (scoring
+    ignores it), and only `columns` are read where the format can leave the others unread (None:
+    every column). A reader argument, so no spec's data.options can make `data convert` or `train`
+    read so (a spec's `read_columns: [price]` read only that column)."""
+
+    columns: frozenset[str] | None = None
 
 
-def read_criteo(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[str]) -> Iterator[pa.Table]:
+class Reader(Protocol):
+    """A format's reader: `path` in chunks of checked rows, by the spec's data `options`, malformed
+    rows to `log`, the `numeric` columns as float64; `scoring` for the rows `flowrec predict` scores."""
+
+    def __call__(self, path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[str],
+                 scoring: Scoring | None = None) -> Iterator[pa.Table]: ...
+
+
+def read_criteo(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[str],
+                scoring: Scoring | None = None) -> Iterator[pa.Table]:
     """Criteo TSV: label, I1..I13, C1..C26, tab-separated, no header, empty = missing.
 
     With ``options["has_label"]`` False, rows are in the layout of Criteo's test files: the same
-    columns without the label (39 fields). With ``options["labels_unused"]`` (scoring), a row's
-    label may be missing (an empty field).
+    columns without the label (39 fields). With `scoring`, a row's label may be missing (an empty
+    field).
     """
     _refuse_folder(path, "criteo")
     encoding = _fixed_layout_encoding(options, "criteo", "tab-separated, no header")
     names = CRITEO_COLUMNS if options.get("has_label", True) else CRITEO_COLUMNS[1:]
     numeric = set(numeric) | {"label"} | {c for c in CRITEO_COLUMNS if c.startswith("I")}
     yield from csv_chunks(path, log, numeric, delimiter="\t", names=names,
-                          required=set() if options.get("labels_unused") else {"label"},
+                          required=set() if scoring else {"label"},
                           chunk_bytes=options.get("chunk_bytes", CHUNK_BYTES), encoding=encoding,
-                          scoring=bool(options.get("labels_unused")))
+                          scoring=scoring is not None)
 
 
 def criteo_has_label(path: Path) -> bool:
@@ -82,15 +101,16 @@ def criteo_has_label(path: Path) -> bool:
                     f"{len(CRITEO_COLUMNS)} (label first) or {len(CRITEO_COLUMNS) - 1} (test files, no label)")
 
 
-def read_avazu(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[str]) -> Iterator[pa.Table]:
-    """Avazu CSV with header (id, click, hour, C1, ...); label column `click` (with
-    ``options["labels_unused"]``, scoring: it may be missing, an empty field)."""
+def read_avazu(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[str],
+               scoring: Scoring | None = None) -> Iterator[pa.Table]:
+    """Avazu CSV with header (id, click, hour, C1, ...); label column `click` (with `scoring`: it
+    may be missing, an empty field)."""
     _refuse_folder(path, "avazu")
     encoding = _fixed_layout_encoding(options, "avazu", "comma-separated, a header first")
     yield from csv_chunks(path, log, set(numeric) | {"click"}, delimiter=",", names=None,
-                          required=set() if options.get("labels_unused") else {"click"},
+                          required=set() if scoring else {"click"},
                           chunk_bytes=options.get("chunk_bytes", CHUNK_BYTES), encoding=encoding,
-                          scoring=bool(options.get("labels_unused")))
+                          scoring=scoring is not None)
 
 
 def _fixed_layout_encoding(options: dict[str, Any], fmt: str, layout: str) -> str | None:
@@ -124,11 +144,12 @@ def arrow_threads_may_hold_python() -> bool:
     return readers_opened()
 
 
-def read_csv(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[str]) -> Iterator[pa.Table]:
+def read_csv(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[str],
+             scoring: Scoring | None = None) -> Iterator[pa.Table]:
     """Generic delimited text; options: sep (","), header (true), names (when no header),
     encoding (the text's, "utf-8" by default: e.g. latin-1 or cp1252, read into UTF-8 on the way in).
-    With ``options["read_columns"]`` (scoring: the package's raw columns and --keep's) only those
-    columns are read where the header names them all (`csv_chunks`)."""
+    With `scoring` columns (the package's raw columns and --keep's) only those columns are read
+    where the header names them all (`csv_chunks`)."""
     _refuse_folder(path, "csv")
     sep, header, names = _csv_options(options)
     if not header and not names:
@@ -138,7 +159,7 @@ def read_csv(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[st
                           chunk_bytes=options.get("chunk_bytes", CHUNK_BYTES),
                           skip_header=bool(names) and header,
                           encoding=_encoding(options.get("encoding", "utf-8")),
-                          scoring=bool(options.get("labels_unused")), columns=options.get("read_columns"))
+                          scoring=scoring is not None, columns=None if scoring is None else scoring.columns)
 
 
 def _csv_options(options: dict[str, Any]) -> tuple[str, bool, list[str]]:
@@ -782,13 +803,15 @@ def _parse_numbers(text: pa.Array, lines: np.ndarray, bad: np.ndarray, log: Erro
         return pa.array(parsed.to_numpy(dtype=np.float64), pa.float64(), from_pandas=True)
 
 
-def read_libsvm(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[str]) -> Iterator[pa.Table]:
+def read_libsvm(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[str],
+                scoring: Scoring | None = None) -> Iterator[pa.Table]:
     """libsvm / libfm text: ``label idx:val ...`` or ``label field:idx:val ...``.
 
     Options: fields (list of column names, by token position or by libfm field number),
     feature_map (file of ``idx name`` lines: the column of each libsvm index). A categorical
     column receives the index, a numeric one (a dense feature) the value.
     """
+    del scoring
     _refuse_folder(path, "libsvm")
     fields = options.get("fields", ())
     if isinstance(fields, str) or not isinstance(fields, (list, tuple)) or not all(isinstance(f, str) for f in fields):
@@ -948,7 +971,8 @@ def _feature_map(path: Path) -> dict[str, str]:
     return out
 
 
-def read_movielens(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[str]) -> Iterator[pa.Table]:
+def read_movielens(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[str],
+                   scoring: Scoring | None = None) -> Iterator[pa.Table]:
     """A MovieLens folder as GroupLens ships it, its release told by its files.
 
     - 100K: u.data, u.user, u.item (latin-1), u.genre;
@@ -966,7 +990,7 @@ def read_movielens(path: Path, options: dict[str, Any], log: ErrorLog, numeric: 
     Raises:
         DataError: a folder of none of these releases, or an unreadable ratings line.
     """
-    del log
+    del log, scoring  # read whole: a folder of its own files, scored by no package column list
     max_len = sequence_length(options)
     ratings, users, items = _movielens_tables(path)
     df = ratings.merge(users, on="user_id", how="left").merge(items, on="item_id", how="left")
@@ -1183,7 +1207,8 @@ def _titled_items(ids: pd.Series, titles: pd.Series, genres: pd.Series) -> pd.Da
 PARQUET_BATCH_ROWS = 65536  # rows per chunk of a raw Parquet input
 
 
-def read_parquet(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[str]) -> Iterator[pa.Table]:
+def read_parquet(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[str],
+                 scoring: Scoring | None = None) -> Iterator[pa.Table]:
     """Raw rows in Parquet: one file, or a folder of them (a Hive-partitioned table: the
     partition columns join the rows), streamed in batches of PARQUET_BATCH_ROWS.
 
@@ -1198,7 +1223,7 @@ def read_parquet(path: Path, options: dict[str, Any], log: ErrorLog, numeric: se
         DataError: an unreadable file or folder, a file whose columns differ from the folder's
             first file's, or a numeric column of another type (lists, structs, dates).
     """
-    del options
+    del options, scoring
     _refuse_owned(path)
     _refuse_encoded(path)
     try:
