@@ -67,7 +67,8 @@ def read_criteo(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set
 
     With ``options["has_label"]`` False, rows are in the layout of Criteo's test files: the same
     columns without the label (39 fields). With `scoring`, a row's label may be missing (an empty
-    field).
+    field), and only its columns and the label (a label that is not a number is still a malformed
+    row) are read (`_scored_columns`).
     """
     _refuse_folder(path, "criteo")
     encoding = _fixed_layout_encoding(options, "criteo", "tab-separated, no header")
@@ -76,7 +77,7 @@ def read_criteo(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set
     yield from csv_chunks(path, log, numeric, delimiter="\t", names=names,
                           required=set() if scoring else {"label"},
                           chunk_bytes=options.get("chunk_bytes", CHUNK_BYTES), encoding=encoding,
-                          scoring=scoring is not None)
+                          scoring=scoring is not None, columns=_scored_columns(scoring, "label"))
 
 
 def criteo_has_label(path: Path) -> bool:
@@ -104,13 +105,27 @@ def criteo_has_label(path: Path) -> bool:
 def read_avazu(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[str],
                scoring: Scoring | None = None) -> Iterator[pa.Table]:
     """Avazu CSV with header (id, click, hour, C1, ...); label column `click` (with `scoring`: it
-    may be missing, an empty field)."""
+    may be missing, an empty field, and only the scored columns and `click` are read where the
+    header names them all: `_scored_columns`)."""
     _refuse_folder(path, "avazu")
     encoding = _fixed_layout_encoding(options, "avazu", "comma-separated, a header first")
     yield from csv_chunks(path, log, set(numeric) | {"click"}, delimiter=",", names=None,
                           required=set() if scoring else {"click"},
                           chunk_bytes=options.get("chunk_bytes", CHUNK_BYTES), encoding=encoding,
-                          scoring=scoring is not None)
+                          scoring=scoring is not None, columns=_scored_columns(scoring, "click"))
+
+
+def _scored_columns(scoring: Scoring | None, label: str) -> frozenset[str] | None:
+    """The columns a format of fixed label (criteo, avazu) reads for `scoring`: its columns and the
+    label, whose text is still checked (a header line repeated inside the file is a malformed row,
+    not a row scored); None (every column) when not scoring or scoring every column.
+
+    >>> sorted(_scored_columns(Scoring(frozenset({"C1"})), "click")), _scored_columns(None, "click")
+    (['C1', 'click'], None)
+    """
+    if scoring is None or scoring.columns is None:
+        return None
+    return scoring.columns | {label}
 
 
 def _fixed_layout_encoding(options: dict[str, Any], fmt: str, layout: str) -> str | None:
@@ -809,9 +824,10 @@ def read_libsvm(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set
 
     Options: fields (list of column names, by token position or by libfm field number),
     feature_map (file of ``idx name`` lines: the column of each libsvm index). A categorical
-    column receives the index, a numeric one (a dense feature) the value.
+    column receives the index, a numeric one (a dense feature) the value. With `scoring` columns
+    that the options all name, only those columns are made, and the other tokens' values are
+    neither parsed nor checked (a token's form, its field's position and its index in the map are).
     """
-    del scoring
     _refuse_folder(path, "libsvm")
     fields = options.get("fields", ())
     if isinstance(fields, str) or not isinstance(fields, (list, tuple)) or not all(isinstance(f, str) for f in fields):
@@ -824,18 +840,23 @@ def read_libsvm(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set
     if LINE_COLUMN in names:  # as `_refuse_line_column` for a header
         raise DataError(f"{path}: data.options names a column {LINE_COLUMN!r}, the name flowrec gives the line "
                         "of each row: rename it")
+    read = None
+    if scoring is not None and scoring.columns is not None and scoring.columns <= set(names) | {"label"}:
+        read = set(scoring.columns)  # else every column, so the line about missing columns names them as before
+        names = [n for n in names if n in read]
     try:
         fh = _open_lines(path)
     except (OSError, pa.ArrowInvalid) as exc:
         raise DataError(f"cannot read {path}: {getattr(exc, 'strerror', None) or _why(exc)}") from None
     with fh:
-        yield from _libsvm_chunks(fh, path, fields, fmap, names, numeric, log)
+        yield from _libsvm_chunks(fh, path, fields, fmap, names, numeric, log, read)
 
 
 def _libsvm_chunks(fh: Any, path: Path, fields: list[str], fmap: dict[str, str] | None, names: list[str],
-                   numeric: set[str], log: ErrorLog) -> Iterator[pa.Table]:
-    """`read_libsvm`'s chunks of the open file `fh`. A file that cannot be read on (a truncated
-    .gz: 'Truncated compressed stream', which named no file) is one line naming it."""
+                   numeric: set[str], log: ErrorLog, read: set[str] | None = None) -> Iterator[pa.Table]:
+    """`read_libsvm`'s chunks of the open file `fh` (`read`: the only columns whose values are read;
+    None: every column). A file that cannot be read on (a truncated .gz: 'Truncated compressed
+    stream', which named no file) is one line naming it."""
     lines_read = _ReadsNaming(fh, path)
     lineno = 0
     while True:
@@ -845,7 +866,7 @@ def _libsvm_chunks(fh: Any, path: Path, fields: list[str], fmap: dict[str, str] 
             lineno += 1
             if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte order mark, as the CSV
                 raw = raw[3:]  # formats skip it (it was a malformed first row: '\ufeff1')
-            parsed = _libsvm_line(raw, lineno, fields, fmap, numeric, log)
+            parsed = _libsvm_line(raw, lineno, fields, fmap, numeric, log, read)
             if parsed is not None:
                 for n in rows:
                     rows[n].append(parsed.get(n))
@@ -873,7 +894,7 @@ class _ReadsNaming:
 
 
 def _libsvm_line(raw: bytes, lineno: int, fields: list[str], fmap: dict[str, str] | None,
-                 numeric: set[str], log: ErrorLog) -> dict[str, Any] | None:
+                 numeric: set[str], log: ErrorLog, read: set[str] | None = None) -> dict[str, Any] | None:
     try:
         text = raw.decode("utf-8").strip()
     except UnicodeDecodeError:
@@ -898,6 +919,8 @@ def _libsvm_line(raw: bytes, lineno: int, fields: list[str], fmap: dict[str, str
                 name = fmap[idx] if fmap is not None else fields[pos]
             else:
                 raise ValueError(f"token {tok!r} is not idx:val")
+            if read is not None and name not in read:
+                continue
             if name in numeric:
                 out[name] = float(val)
                 if abs(out[name]) > FLOAT32_MAX:  # nan is a missing value, as in text formats
@@ -1217,27 +1240,28 @@ def read_parquet(path: Path, options: dict[str, Any], log: ErrorLog, numeric: se
     that is not a number makes the row malformed. Other columns keep their type (strings,
     integers, lists for multi-hot features). Every file of a folder holds the same columns, each
     of one type (`flowrec.data.parquet_folder`). `LINE_COLUMN` is the row's 1-based position in
-    the input (a folder's files in path order).
+    the input (a folder's files in path order). With `scoring` columns that the first file holds
+    all, only those columns are read (pyarrow's `columns=`), and only their types checked.
 
     Raises:
         DataError: an unreadable file or folder, a file whose columns differ from the folder's
             first file's, or a numeric column of another type (lists, structs, dates).
     """
-    del options, scoring
+    del options
     _refuse_owned(path)
     _refuse_encoded(path)
     try:
         for file, names in file_columns(path):  # before the folder's schema is unified, which needs them unique
             _unique_columns(Path(file), names)
-        files = parquet_files(path, numeric)
+        files = parquet_files(path, numeric, None if scoring is None else scoring.columns)
         if files and LINE_COLUMN in files[0].schema.names:  # not its own column: _unique_columns refused that
             key = next(p for p in Path(files[0].path).parents if p.name.startswith(f"{LINE_COLUMN}="))
             raise DataError(f"{key}: a partition folder of key {LINE_COLUMN!r}, the name flowrec gives the line "
                             "of each row: rename the key")
         seen = 0
         for file in files:
-            for batch in file.fragment.to_batches(schema=file.schema, batch_size=PARQUET_BATCH_ROWS,
-                                                  use_threads=False):
+            for batch in file.fragment.to_batches(schema=file.schema, columns=file.schema.names,
+                                                  batch_size=PARQUET_BATCH_ROWS, use_threads=False):
                 table = pa.Table.from_batches([batch], file.schema)
                 lines = np.arange(seen + 1, seen + table.num_rows + 1, dtype=np.int64)
                 seen += table.num_rows
