@@ -206,8 +206,9 @@ class Duplicates:
         rows = f"about {count:,} rows" if estimate else ("1 row" if count == 1 else f"{count:,} rows")
         return (f"{copy_file}: {rows} {'is an exact copy' if count == 1 and not estimate else 'are exact copies'} "
                 f"of earlier rows (first: {unit} {copy_line} repeats {unit} {row_line}{of}; a file joined to "
-                "itself?)" + ("; the split puts each copy on its row's side, so no row is in both train and "
-                              "test" if split else "") + ": remove the copies to train on each row once")
+                "itself, or rows alike in every column?)" + ("; the split puts each copy on its row's side, so no "
+                                                              "row is in both train and test" if split else "")
+                + ": remove copies made by mistake, to train on each row once")
 
 
 def _records(hashes: np.ndarray, order: np.ndarray, file: np.ndarray, line: np.ndarray) -> dict[str, np.ndarray]:

@@ -227,7 +227,8 @@ def test_a_vocab_too_small_for_the_data_is_a_warning_and_a_fitting_one_is_not(tm
     values and what share of its occurrences (the CLI on stderr); min_freq's rare values do not count."""
     rng = np.random.default_rng(11)
     users = rng.zipf(1.4, 3000) % 500
-    lines = ["user,label"] + [f"u{u},{int(rng.random() < 0.4)}" for u in users]
+    lines = ["id,user,label"] + [f"{i},u{u},{int(rng.random() < 0.4)}" for i, u in enumerate(users)]  # rows of
+    # their own (a row alike in every column is a copy: a warning of its own)
     (tmp_path / "rows.csv").write_text("\n".join(lines) + "\n")
     data = {"format": "csv", "label": "label"}
 
