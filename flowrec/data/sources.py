@@ -908,6 +908,8 @@ def _libsvm_line(raw: bytes, lineno: int, fields: list[str], fmap: dict[str, str
         out: dict[str, Any] = {"label": float(tokens[0])}
         if abs(out["label"]) > FLOAT32_MAX:
             raise ValueError(f"{_number_problem(out['label'])} {tokens[0]!r} in column label")
+        indices: set[tuple[str, str]] = set()  # (column, index) of the row's tokens: each once
+        dense: dict[str, str] = {}  # dense column -> the index that gave its value
         # svmlight's query id (`1 qid:3 1:0.5`) is no feature: it took the first field's place by position
         for pos, tok in enumerate(t for t in tokens[1:] if not t.startswith("qid:")):
             parts = tok.split(":")
@@ -919,9 +921,16 @@ def _libsvm_line(raw: bytes, lineno: int, fields: list[str], fmap: dict[str, str
                 name = fmap[idx] if fmap is not None else fields[pos]
             else:
                 raise ValueError(f"token {tok!r} is not idx:val")
+            if (name, idx) in indices:  # `3:1 3:1` was the id '3^3', `4:0.1 4:0.9` the value 0.9, without a word
+                raise ValueError(f"index {idx} of column {name} twice in the row (an index is given once a row)")
+            indices.add((name, idx))
             if read is not None and name not in read:
                 continue
             if name in numeric:
+                if name in dense:  # two indices of one dense column: which value is meant is unknowable
+                    raise ValueError(f"indices {dense[name]} and {idx} both give the dense column {name} (one value "
+                                     "a row)")
+                dense[name] = idx
                 out[name] = float(val)
                 if abs(out[name]) > FLOAT32_MAX:  # nan is a missing value, as in text formats
                     raise ValueError(f"{_number_problem(out[name])} {val!r} in column {name}")

@@ -1,0 +1,44 @@
+"""Raw readers given hostile forms of real inputs: each test names what was read wrong before its
+fix (a traceback, a silent wrong value, a lost file) and fails on the code before it."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from flowrec.data.error_log import ErrorLog
+from flowrec.data.layout import DataError
+from flowrec.data.sources import read_libsvm
+
+
+@pytest.mark.parametrize("twice", ["categorical", "dense"])
+def test_a_libsvm_index_given_twice_in_a_row_is_a_malformed_row(tmp_path: Path, twice: str):
+    """`1:7 1:7` was the id '7^7' of a one-hot column, and `3:0.1 3:0.9` the value 0.9, without a
+    word (svmlight's indices are unique in a row; scikit-learn refuses such a file); a row whose two
+    indices give one dense column took the last. Each is a malformed row naming the index."""
+    rng = np.random.default_rng()
+    fmap = tmp_path / "map.txt"
+    fmap.write_text("1 user\n2 item\n3 price\n4 price\n")
+    lines = [f"{int(rng.random() < 0.2)} 1:{rng.zipf(1.4) % 500} 2:{rng.zipf(1.2) % 90} 3:{rng.lognormal():.4f}"
+             for _ in range(int(rng.integers(20, 60)))]
+    bad = int(rng.integers(0, len(lines)))
+    label, user, item, price = lines[bad].split()
+    lines[bad] = " ".join([label, user, user, item, price] if twice == "categorical" else
+                          [label, user, item, price, f"3:{rng.lognormal():.4f}"])
+    other = (bad + 1) % len(lines)
+    lines[other] += f" 4:{rng.lognormal():.4f}"  # a second index of the dense column price
+    path = tmp_path / "rows.libsvm"
+    path.write_text("\n".join(lines) + "\n")
+    options = {"feature_map": str(fmap)}
+    with pytest.raises(DataError, match=rf":{min(bad, other) + 1}: "):
+        list(read_libsvm(path, options, ErrorLog("fail", str(path)), {"price"}))
+    log = ErrorLog("skip", str(path))
+    rows = [t for t in read_libsvm(path, options, log, {"price"})]
+    kept = sum(t.num_rows for t in rows)
+    assert kept == len(lines) - 2 and log.count == 2
+    reasons = {e.line: e.reason for e in log.examples}
+    assert ("1 of column user" if twice == "categorical" else "3 of column price") + " twice in the row" in reasons[bad + 1]
+    assert reasons[other + 1].startswith("indices 3 and 4 both give the dense column price")
+    users = [u for t in rows for u in t.column("user").to_pylist()]
+    assert not any("^" in u for u in users)
