@@ -77,7 +77,7 @@ def read_criteo(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set
     yield from csv_chunks(path, log, numeric, delimiter="\t", names=names,
                           required=set() if scoring else {"label"},
                           chunk_bytes=options.get("chunk_bytes", CHUNK_BYTES), encoding=encoding,
-                          scoring=scoring is not None, columns=_scored_columns(scoring, "label"))
+                          scoring=scoring is not None, columns=_scored_columns(scoring, "label", names))
 
 
 def criteo_has_label(path: Path) -> bool:
@@ -105,27 +105,37 @@ def criteo_has_label(path: Path) -> bool:
 def read_avazu(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[str],
                scoring: Scoring | None = None) -> Iterator[pa.Table]:
     """Avazu CSV with header (id, click, hour, C1, ...); label column `click` (with `scoring`: it
-    may be missing, an empty field, and only the scored columns and `click` are read where the
-    header names them all: `_scored_columns`)."""
+    may be missing, an empty field or column, as in Avazu's test file, and only the scored columns and
+    `click` are read where the header names them all: `_scored_columns`)."""
     _refuse_folder(path, "avazu")
     encoding = _fixed_layout_encoding(options, "avazu", "comma-separated, a header first")
+    header = None
+    if scoring is not None and scoring.columns is not None:
+        try:
+            header = _header_names(path, ",", encoding or "utf-8")
+        except (OSError, pa.ArrowInvalid):
+            header = None  # the reader names the file
     yield from csv_chunks(path, log, set(numeric) | {"click"}, delimiter=",", names=None,
                           required=set() if scoring else {"click"},
                           chunk_bytes=options.get("chunk_bytes", CHUNK_BYTES), encoding=encoding,
-                          scoring=scoring is not None, columns=_scored_columns(scoring, "click"))
+                          scoring=scoring is not None, columns=_scored_columns(scoring, "click", header))
 
 
-def _scored_columns(scoring: Scoring | None, label: str) -> frozenset[str] | None:
+def _scored_columns(scoring: Scoring | None, label: str, names: list[str] | None) -> frozenset[str] | None:
     """The columns a format of fixed label (criteo, avazu) reads for `scoring`: its columns and the
-    label, whose text is still checked (a header line repeated inside the file is a malformed row,
-    not a row scored); None (every column) when not scoring or scoring every column.
+    label where the file has it (`names`: its columns, None: not known), whose text is still checked
+    (a header line repeated inside the file is a malformed row, not a row scored); None (every column)
+    when not scoring or scoring every column. A file without the label column (Avazu's and Criteo's
+    test files) read every column.
 
-    >>> sorted(_scored_columns(Scoring(frozenset({"C1"})), "click")), _scored_columns(None, "click")
-    (['C1', 'click'], None)
+    >>> scoring = Scoring(frozenset({"C1"}))
+    >>> sorted(_scored_columns(scoring, "click", ["id", "click", "C1"])), sorted(_scored_columns(scoring, "click", ["id", "C1"]))
+    (['C1', 'click'], ['C1'])
+    >>> _scored_columns(None, "click", None)
     """
     if scoring is None or scoring.columns is None:
         return None
-    return scoring.columns | {label}
+    return scoring.columns | ({label} if names is None or label in names else set())
 
 
 def _fixed_layout_encoding(options: dict[str, Any], fmt: str, layout: str) -> str | None:

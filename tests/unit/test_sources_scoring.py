@@ -119,3 +119,29 @@ def test_criteo_reads_only_the_scored_columns_and_its_label(tmp_path: Path) -> N
     assert got.column("C3").to_pylist() == values["C3"]
     with pytest.raises(DataError, match="non-numeric value 'not-a-number' in column I13"):
         _read("criteo", path, None, set())
+
+
+def test_test_files_without_the_label_column_read_only_the_scored_columns(tmp_path: Path) -> None:
+    """Avazu's and Criteo's test files have no label column; the label read beside the scored
+    columns was not in their header, so every column was read (and a value of another column that is
+    not UTF-8 or not a number made its row malformed)."""
+    rng = np.random.default_rng()
+    rows = _rows(rng, int(rng.integers(30, 90)), int(rng.integers(3, 20)))
+    del rows["click"]
+    names = list(rows)
+    lines = [",".join(names).encode()] + [",".join(str(rows[c][i]) for c in names).encode()
+                                           for i in range(len(rows["user"]))]
+    bad = int(rng.integers(1, len(lines)))
+    lines[bad] = lines[bad].rsplit(b",", 1)[0] + b",\xff\xfe"  # not UTF-8, in a junk column
+    avazu = tmp_path / "test.csv"
+    avazu.write_bytes(b"\n".join(lines) + b"\n")
+    got = _read("avazu", avazu, Scoring(WANTED), {"price"})
+    assert set(got.column_names) == WANTED | {LINE_COLUMN} and got.num_rows == len(lines) - 1
+    n = int(rng.integers(20, 60))
+    values = {c: ([str(v) for v in rng.zipf(1.3, n)] if c.startswith("I") else
+                  [f"{v:08x}" for v in rng.integers(0, 1 << 32, n)]) for c in CRITEO_COLUMNS[1:]}
+    values["I13"][int(rng.integers(0, n))] = "not-a-number"  # in a column nobody reads
+    criteo = tmp_path / "test.tsv"
+    criteo.write_text("".join("\t".join(values[c][i] for c in CRITEO_COLUMNS[1:]) + "\n" for i in range(n)))
+    got = _read("criteo", criteo, Scoring(frozenset({"I1", "C3"})), set(), has_label=False)
+    assert set(got.column_names) == {"I1", "C3", LINE_COLUMN} and got.num_rows == n
