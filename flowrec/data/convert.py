@@ -338,6 +338,8 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
             for chunk in read(path, opts, log, numeric):
                 _check_columns(chunk, spec, columns, path)
                 _check_id_columns(chunk, spec, columns, path, FORMAT_ALIASES.get(fmt, fmt) != "parquet")
+                if FORMAT_ALIASES.get(fmt, fmt) == "libsvm":
+                    chunk = _one_index_each(chunk, spec, columns, log)
                 if not separators_checked[0]:
                     _check_separators(chunk, spec, columns, opts, path, advice)
                     separators_checked[0] = True
@@ -614,6 +616,28 @@ def _check_id_columns(chunk: pa.Table, spec: ModelSpec, columns: dict[str, str],
             check_float_ids(column, name, lines)
         except DataError as exc:
             raise DataError(f"{path}: {exc}") from None
+
+
+def _one_index_each(chunk: pa.Table, spec: ModelSpec, columns: dict[str, str], log: ErrorLog) -> pa.Table:
+    """The libsvm rows without those that give a one-hot feature's column two or more indices (a
+    feature map naming one column for several indices, or libfm's field given twice): the reader
+    joins them with '^' for a multi-hot feature, and a one-hot one encoded the joined text ('0^1') as
+    one id without a word. Each such row is malformed (named, counted, skipped or fatal by policy)."""
+    bad = np.zeros(chunk.num_rows, bool)
+    lines = chunk.column(LINE_COLUMN).to_numpy()
+    for f in spec.sparse_features:
+        name = columns.get(f.name, f.name)
+        if is_multi(f) or name not in chunk.column_names:
+            continue
+        values = chunk.column(name)
+        joined = pc.fill_null(pc.match_substring(values, "^"), False).to_numpy(zero_copy_only=False)
+        for i in np.flatnonzero(joined & ~bad):
+            bad[i] = True
+            indices = values[int(i)].as_py().split("^")
+            log.add(int(lines[i]), f"{len(indices)} indices ({', '.join(indices[:4])}) give the column {name} of the "
+                                   f"one-hot feature {f.name!r}: one index a row, or give the feature max_len "
+                                   "(multi-hot)")
+    return chunk.filter(pa.array(~bad)) if bad.any() else chunk
 
 
 def _separator_hint(names: list[str], needed: list[str]) -> str:

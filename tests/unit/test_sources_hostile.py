@@ -42,3 +42,42 @@ def test_a_libsvm_index_given_twice_in_a_row_is_a_malformed_row(tmp_path: Path, 
     assert reasons[other + 1].startswith("indices 3 and 4 both give the dense column price")
     users = [u for t in rows for u in t.column("user").to_pylist()]
     assert not any("^" in u for u in users)
+
+
+def test_a_libsvm_row_giving_a_one_hot_feature_two_indices_is_malformed(tmp_path: Path):
+    """A feature map naming one column for several indices (libfm's field given twice alike) joins a
+    row's indices with '^' for a multi-hot feature; a one-hot feature encoded the text '7^9' as one
+    id, without a word. Such a row is malformed for a one-hot feature and read as before for a
+    multi-hot one."""
+    import pyarrow.parquet as pq
+
+    from flowrec.data.convert import convert
+    from flowrec.spec import spec_from_dict
+
+    def spec(**user):
+        return spec_from_dict({
+            "name": "svm", "features": [{"name": "user", "type": "categorical", "hash_buckets": 997, "dim": 4, **user},
+                                        {"name": "price", "type": "dense"}],
+            "modules": [{"name": "m", "kind": "mlp", "inputs": ["@sparse", "@dense"], "layers": [4]}],
+            "heads": [{"name": "h", "input": "m"}],
+            "data": {"format": "libsvm", "options": {"feature_map": str(tmp_path / "map.txt")}},
+            "optimizer": {"dense": {"name": "adam", "lr": 0.01}, "sparse": {"name": "sgd", "lr": 0.1}}})
+
+    rng = np.random.default_rng()
+    (tmp_path / "map.txt").write_text("\n".join(f"{i} user" for i in range(1, 50)) + "\n50 price\n")
+    n = int(rng.integers(20, 60))
+    lines = [f"{int(rng.random() < 0.2)} {rng.zipf(1.3) % 49 + 1}:1 50:{rng.lognormal():.4f}" for _ in range(n)]
+    bad = int(rng.integers(0, n))
+    label, user, price = lines[bad].split()
+    other = int(user.split(":")[0]) % 49 + 1  # another index of the same column
+    lines[bad] = f"{label} {user} {other}:1 {price}"
+    path = tmp_path / "rows.libsvm"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError, match=rf"rows.libsvm:{bad + 1}: 2 indices .* give the column user of the one-hot"):
+        convert(spec(), "libsvm", [path], tmp_path / "a")
+    report = convert(spec(), "libsvm", [path], tmp_path / "b", on_error="skip")
+    assert report.rows == n - 1 and report.errors == 1
+    report = convert(spec(max_len=2), "libsvm", [path], tmp_path / "c")
+    assert report.rows == n
+    ids = pq.read_table(tmp_path / "c").column("user").to_pylist()
+    assert len(ids[bad]) == 2 and all(len(row) == 1 for i, row in enumerate(ids) if i != bad)
