@@ -24,7 +24,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 LINE_COLUMN = "__line__"  # the readers' line of each row (`flowrec.data.sources.LINE_COLUMN`): no value of the row
-KEPT_HASHES = 1 << 20  # rows' records held to count copies (56 bytes each); beyond, a share of hash values
+KEPT_HASHES = 1 << 18  # rows' records held to count copies (56 bytes each; about 60 MB at the most with the merge's
+# copies: 1 << 20 held 246 MB); beyond, a share of hash values
 JOIN_ROWS = 1024  # rows of a chunk below which `row_hashes` joins the columns of a type into one array
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # splitmix64's increment: spreads the column position and null marks
 POLY = 0x100000001B3  # FNV's 64-bit prime: odd, so invertible modulo 2^64 (a string's hash of its own bytes)
