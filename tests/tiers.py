@@ -115,6 +115,8 @@ TESTS: dict[str, frozenset[str]] = {
     "tests/unit/test_cores.py::test_a_users_omp_threads_survive_the_first_sparse_update": frozenset({"processes"}),
     "tests/unit/test_pt2_save.py::test_a_write_that_fails_is_an_exception_not_an_abort_at_exit": frozenset({"processes"}),
     "tests/unit/test_kept_sample.py::test_a_run_reads_its_data_once_to_sample_and_trains_as_before": frozenset({"e2e"}),
+    "tests/unit/test_sources_hostile.py::test_predict_refuses_a_libsvm_row_giving_a_one_hot_feature_two_indices":
+        frozenset({"e2e"}),
     "tests/unit/test_id_forms.py::test_ids_written_as_floats_after_training_on_integers_are_said": frozenset({"e2e"}),
     "tests/unit/test_id_forms.py::test_a_day_of_a_stream_that_writes_its_ids_as_floats_is_said": frozenset({"e2e"}),
     "tests/unit/test_id_forms.py::test_evaluation_data_that_writes_its_ids_as_floats_is_said": frozenset({"e2e"}),

@@ -412,8 +412,13 @@ def _raw_chunks(model, raw: Path, fmt: Optional[str], on_error: str, keep: Optio
     labels = set(label_columns(spec)) | set(weight_columns(spec))  # numbers in training: a head's label, its weights
     if FORMAT_ALIASES.get(fmt, fmt) != "parquet":
         numeric |= labels & set(keep or [])
+    from flowrec.data.convert import one_index_each
     from flowrec.data.encode import drop_unencodable
 
-    chunks = (drop_unencodable(model.encoder, chunk, log) for chunk in reader(fmt)(raw, opts, log, numeric, scoring))
+    rows = reader(fmt)(raw, opts, log, numeric, scoring)
+    if FORMAT_ALIASES.get(fmt, fmt) == "libsvm":  # a one-hot feature given two indices: malformed, as convert says
+        columns = {f.name: model.encoder.source(f.name) for f in spec.features}
+        rows = (one_index_each(chunk, spec, columns, log) for chunk in rows)
+    chunks = (drop_unencodable(model.encoder, chunk, log) for chunk in rows)
     return (chunk for chunk in chunks if chunk.num_rows), log  # a value the encoder scales past float32: malformed
 

@@ -339,7 +339,7 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
                 _check_columns(chunk, spec, columns, path)
                 _check_id_columns(chunk, spec, columns, path, FORMAT_ALIASES.get(fmt, fmt) != "parquet")
                 if FORMAT_ALIASES.get(fmt, fmt) == "libsvm":
-                    chunk = _one_index_each(chunk, spec, columns, log)
+                    chunk = one_index_each(chunk, spec, columns, log)
                 if not separators_checked[0]:
                     _check_separators(chunk, spec, columns, opts, path, advice)
                     separators_checked[0] = True
@@ -618,11 +618,12 @@ def _check_id_columns(chunk: pa.Table, spec: ModelSpec, columns: dict[str, str],
             raise DataError(f"{path}: {exc}") from None
 
 
-def _one_index_each(chunk: pa.Table, spec: ModelSpec, columns: dict[str, str], log: ErrorLog) -> pa.Table:
+def one_index_each(chunk: pa.Table, spec: ModelSpec, columns: dict[str, str], log: ErrorLog) -> pa.Table:
     """The libsvm rows without those that give a one-hot feature's column two or more indices (a
     feature map naming one column for several indices, or libfm's field given twice): the reader
     joins them with '^' for a multi-hot feature, and a one-hot one encoded the joined text ('0^1') as
-    one id without a word. Each such row is malformed (named, counted, skipped or fatal by policy)."""
+    one id without a word. Each such row is malformed (named, counted, skipped or fatal by policy);
+    `data convert`, train's staging and `flowrec predict` read libsvm rows so."""
     bad = np.zeros(chunk.num_rows, bool)
     lines = chunk.column(LINE_COLUMN).to_numpy()
     for f in spec.sparse_features:

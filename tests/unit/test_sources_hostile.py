@@ -81,3 +81,41 @@ def test_a_libsvm_row_giving_a_one_hot_feature_two_indices_is_malformed(tmp_path
     assert report.rows == n
     ids = pq.read_table(tmp_path / "c").column("user").to_pylist()
     assert len(ids[bad]) == 2 and all(len(row) == 1 for i, row in enumerate(ids) if i != bad)
+
+
+def test_predict_refuses_a_libsvm_row_giving_a_one_hot_feature_two_indices(tmp_path: Path):
+    """`flowrec predict PKG rows.libsvm` scored a row whose two indices map to a one-hot feature's
+    column as the id '7^9', which no training row had, without a word; it is a malformed row, as
+    in `data convert` (--on-error fail: exit 2 naming the line, nothing written; skip: the others)."""
+    import pyarrow.parquet as pq
+
+    from package_flow import invoke
+
+    rng = np.random.default_rng()
+    (tmp_path / "map.txt").write_text("\n".join(f"{i} user" for i in range(1, 50)) + "\n50 price\n")
+    (tmp_path / "spec.yaml").write_text(
+        "name: svm\nfeatures:\n  - {name: user, type: categorical, hash_buckets: 97, dim: 4}\n"
+        "  - {name: price, type: dense}\nmodules:\n  - {name: m, kind: mlp, inputs: ['@sparse', '@dense'], layers: [4]}\n"
+        "heads:\n  - {name: h, input: m}\ndata: {format: libsvm, options: {feature_map: map.txt}}\n"
+        "optimizer: {dense: {name: adam, lr: 0.01}, sparse: {name: sgd, lr: 0.1}}\ntraining: {batch_size: 16}\n")
+
+    def rows(n: int) -> list[str]:
+        return [f"{int(rng.random() < 0.2)} {rng.zipf(1.3) % 49 + 1}:1 50:{rng.lognormal():.4f}" for _ in range(n)]
+
+    (tmp_path / "train.libsvm").write_text("\n".join(rows(200)) + "\n")
+    for args in (["data", "convert", "libsvm", tmp_path / "train.libsvm", tmp_path / "data", "--spec",
+                  tmp_path / "spec.yaml", "-q"],
+                 ["train", tmp_path / "spec.yaml", "--data", tmp_path / "data", "--out", tmp_path / "run",
+                  "--max-steps", "2", "-q", "--device", "cpu"],
+                 ["export", tmp_path / "run", tmp_path / "pkg"]):
+        assert invoke(args).exit_code == 0, args[0]
+    scored = rows(int(rng.integers(10, 30)))
+    bad = int(rng.integers(0, len(scored)))
+    label, user, price = scored[bad].split()
+    scored[bad] = f"{label} {user} {int(user.split(':')[0]) % 49 + 1}:1 {price}"
+    (tmp_path / "rows.libsvm").write_text("\n".join(scored) + "\n")
+    out = tmp_path / "scores.parquet"
+    refused = invoke(["predict", tmp_path / "pkg", tmp_path / "rows.libsvm", "--out", out, "-q"])
+    assert refused.exit_code == 2 and f"rows.libsvm:{bad + 1}: 2 indices" in refused.output and not out.exists()
+    skipped = invoke(["predict", tmp_path / "pkg", tmp_path / "rows.libsvm", "--out", out, "-q", "--on-error", "skip"])
+    assert skipped.exit_code == 0 and pq.read_table(out).num_rows == len(scored) - 1
