@@ -5,9 +5,9 @@ Parquet part files of at most `rows_per_file` rows. Vocabulary tables and standa
 need a first pass over the input (as DLRM's Criteo preprocessing does); a split conversion makes it
 over the rows it writes to ``train/`` alone, so the test rows are held out of the vocabularies and
 statistics too (recorded as ``fit_on: train`` in the split record). With
-``data.options.test_fraction`` the rows are split (seeded by ``split_seed``, per row index, so
-the split does not depend on chunking; by a hash of each row's values since rule 3, so a row's exact
-copies land on its side: `flowrec.data.duplicates`) into ``train/`` and ``test/`` datasets; with
+``data.options.test_fraction`` the rows are split (seeded by ``split_seed``, by a hash of each row's
+values: rule 3, so a row's exact copies land on its side, `flowrec.data.duplicates`; by row index
+for a run of before it, rule 2; either way not by chunking) into ``train/`` and ``test/`` datasets; with
 ``split_by: <timestamp column>`` the newest ``test_fraction`` of the rows are the test set (a first
 pass reads the column, numbers or text times ordered as text; rows at the cutoff time go to test). Encoding with an existing encoder
 whose tables reserve spare rows (``vocab_spare``) first finds the unseen values and gives them
@@ -412,7 +412,7 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
     unseen = UnseenIds(given) if given is not None else None  # ids the run's vocabulary holds in another form
     forms = IdForms()  # how the rows write the ids of hashed and managed tables, recorded with the encoder
     empty = EmptyColumns(spec, columns)  # feature columns of an input that hold no value in any row written
-    copies = Duplicates()  # rows that are exact copies of an earlier row (a file joined to itself)
+    copies = Duplicates()  # rows that are exact copies of an earlier row (a file joined to itself?), warned of
     for log, chunk in chunks(on_error):
         hashes = row_hashes(chunk)
         copies.observe(log.path or "", hashes, chunk.column(LINE_COLUMN).to_numpy())
