@@ -145,3 +145,21 @@ def test_test_files_without_the_label_column_read_only_the_scored_columns(tmp_pa
     criteo.write_text("".join("\t".join(values[c][i] for c in CRITEO_COLUMNS[1:]) + "\n" for i in range(n)))
     got = _read("criteo", criteo, Scoring(frozenset({"I1", "C3"})), set(), has_label=False)
     assert set(got.column_names) == {"I1", "C3", LINE_COLUMN} and got.num_rows == n
+
+
+def test_a_parquet_folders_files_may_differ_in_columns_nobody_reads(tmp_path: Path) -> None:
+    """A folder of day files whose later days gained a column (or lost one) no feature reads was
+    refused for scoring ('no column ..., which part-0 has'), as it is for training, where every
+    column is read: only the columns read must be in every file."""
+    rng = np.random.default_rng()
+    folder = tmp_path / "days"
+    folder.mkdir()
+    n = int(rng.integers(10, 40))
+    first, later = _rows(rng, n, 2), _rows(rng, n, 3)  # junk2 in the later file only
+    pq.write_table(pa.table(first), folder / "part-1.parquet")
+    pq.write_table(pa.table(later), folder / "part-2.parquet")
+    with pytest.raises(DataError, match="junk2"):
+        _read("parquet", folder, None, {"price"})
+    got = _read("parquet", folder, Scoring(WANTED), {"price"})
+    assert got.num_rows == 2 * n and set(got.column_names) == WANTED | {LINE_COLUMN}
+    assert got.column("user").to_pylist() == first["user"] + later["user"]
