@@ -34,7 +34,7 @@ def test_criteo_rows_missing_and_deterministic(shared_data, repo, tmp_path):
     src = shared_data / "criteo" / "criteo_kaggle_head1000.tsv"
     spec = criteo_spec(repo)
     r1 = convert(spec, "criteo", [src], tmp_path / "a", rows_per_file=300)
-    r2 = convert(spec, "criteo", [src], tmp_path / "b")
+    convert(spec, "criteo", [src], tmp_path / "b")
     assert r1.rows == 1000 and r1.files == 4 and r1.errors == 0
     a, b = pq.read_table(tmp_path / "a"), pq.read_table(tmp_path / "b")
     assert a.equals(b)
