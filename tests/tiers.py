@@ -60,6 +60,9 @@ FILES: dict[str, frozenset[str]] = {
     "tests/unit/test_managed_hostile.py": FAST,  # edited or damaged managed map states, negatives seeds
     "tests/unit/test_annotation_names.py": FAST,  # names in the CLI's annotations bound (TYPE_CHECKING imports)
     "tests/unit/test_id_forms.py": FAST,  # ids of hashed and managed tables in another form than at training
+    "tests/unit/test_data_duplicates.py": FAST,  # exact duplicate rows named; the seeded split keeps copies on one side
+    "tests/unit/test_sources_hostile.py": FAST,  # raw readers given hostile forms of real inputs
+    "tests/unit/test_sources_scoring.py": FAST,  # predict reads only the package's columns, in every format that can
     "tests/unit/test_serving_hostile.py": frozenset({"e2e"}),
     "tests/unit/test_serving_leftovers.py": frozenset({"e2e"}),  # predict's empty columns, look-alike names, hostile packages
     "tests/unit/test_profile_step.py": frozenset({"e2e"}),
@@ -116,6 +119,8 @@ TESTS: dict[str, frozenset[str]] = {
     "tests/unit/test_cores.py::test_a_users_omp_threads_survive_the_first_sparse_update": frozenset({"processes"}),
     "tests/unit/test_pt2_save.py::test_a_write_that_fails_is_an_exception_not_an_abort_at_exit": frozenset({"processes"}),
     "tests/unit/test_kept_sample.py::test_a_run_reads_its_data_once_to_sample_and_trains_as_before": frozenset({"e2e"}),
+    "tests/unit/test_sources_hostile.py::test_predict_refuses_a_libsvm_row_giving_a_one_hot_feature_two_indices":
+        frozenset({"e2e"}),
     "tests/unit/test_id_forms.py::test_ids_written_as_floats_after_training_on_integers_are_said": frozenset({"e2e"}),
     "tests/unit/test_id_forms.py::test_a_day_of_a_stream_that_writes_its_ids_as_floats_is_said": frozenset({"e2e"}),
     "tests/unit/test_id_forms.py::test_evaluation_data_that_writes_its_ids_as_floats_is_said": frozenset({"e2e"}),

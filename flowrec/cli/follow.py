@@ -30,7 +30,7 @@ from typing import Callable
 
 from flowrec.cli.common import fail, say, warn
 from flowrec.cli.streams import DAYS_DIR, EXPORT_DIR, FOLLOW_FILE, StreamRecord, done_days, read_record
-from flowrec.data.days import DayOrder, day_partitions, landed as named_days, skipped_entries, skipped_line
+from flowrec.data.days import DayOrder, day_partitions, landed as named_days, listing, skipped_entries, skipped_line
 from flowrec.data.layout import META_FILE, DataError
 from flowrec.runs.errors import EXIT_INTERRUPTED
 from flowrec.runtime.messages import shell_word
@@ -41,25 +41,37 @@ LOCK_FILE = ".follow.lock"  # held by the one --follow process of a stream folde
 POLL_S = 1.0  # seconds between looks for a new day
 
 
-def landed_days(days: Path, order: DayOrder, done: list[str]) -> tuple[list[Path], str | None]:
+def landed_days(days: Path, order: DayOrder, done: list[str], entries: list[Path] | None = None
+                ) -> tuple[list[Path], str | None]:
     """Day partitions under `days` that are complete datasets, in `order`; or ([], why) when they
     cannot be ordered by date while a day not trained yet (not in `done`) has landed: a day copied in
     (cp -r, rsync) whose _flowrec_stats.json or part files have not all arrived has no date yet (the
-    loop waits for it within --follow-wait, as for a day whose rows are not all there)."""
+    loop waits for it within --follow-wait, as for a day whose rows are not all there). `entries`:
+    this look's listing of `days` (`_listing`; None: listed here)."""
     try:
-        return day_partitions(days, order), None
+        return day_partitions(days, order, entries), None
     except DataError as exc:
-        if order.column is not None and _new_days(days, done):
+        if order.column is not None and _new_days(days, done, entries):
             return [], str(exc)
         fail(f"--follow: {exc}")
 
 
-def _new_days(days: Path, done: list[str]) -> bool:
+def _new_days(days: Path, done: list[str], entries: list[Path] | None = None) -> bool:
     """Whether a day partition not in `done` has landed under `days` (in any order)."""
     try:
-        return any(day.name not in done for day in named_days(days))
+        return any(day.name not in done for day in named_days(days, None, entries))
     except DataError:
         return False
+
+
+def _listing(days: Path) -> list[Path] | None:
+    """The entries of `days` for one look (the days that landed and the entries skipped are told from
+    this one listing: it was listed two times a look), or None where it cannot be listed (not a folder,
+    gone: `landed` names why)."""
+    try:
+        return listing(days) if days.is_dir() else None
+    except OSError:
+        return None
 
 
 def _record(run: Path, days: list[str], order: DayOrder) -> None:
@@ -156,8 +168,9 @@ def _follow_days(request, run: Path, days: Path, wait_s: float, once: bool, trai
     done = record.days  # the lock keeps every other writer out: the record changes only below
     told: set[str] = set()  # entries skipped (no day partition) that a warning named
     while True:
-        landed, undated = landed_days(days, order, done)
-        _tell_skipped(days, told)
+        entries = _listing(days)
+        landed, undated = landed_days(days, order, done, entries)
+        _tell_skipped(days, told, entries)
         if undated is not None:  # a day still being copied in cannot be dated yet
             if time.monotonic() < deadline:
                 if waiting_on != undated:
@@ -210,14 +223,16 @@ def _follow_days(request, run: Path, days: Path, wait_s: float, once: bool, trai
             return
 
 
-def _tell_skipped(days: Path, told: set[str]) -> None:
-    """One warning line naming the entries under `days` that are no day partition (an empty folder,
-    one without _flowrec.json, still being written or never converted, a link to nothing or a loop, a
-    file) that no line named yet (`told`, updated): each once per stream process, not once per look
-    for a new day."""
+def _tell_skipped(days: Path, told: set[str], entries: list[Path] | None) -> None:
+    """One warning line naming the entries under `days` (`entries`: this look's listing) that are no
+    day partition (an empty folder, one without _flowrec.json, still being written or never converted,
+    a link to nothing or a loop, a file) that no line named yet (`told`, updated): each once per
+    stream process, not once per look for a new day."""
+    if entries is None:  # the folder went away between looks: the next look names that
+        return
     try:
-        new = {name: why for name, why in skipped_entries(days).items() if name not in told}
-    except OSError:  # the folder went away between looks: the next look names that
+        new = {name: why for name, why in skipped_entries(days, entries).items() if name not in told}
+    except OSError:
         return
     if new:
         warn(skipped_line(days, new))

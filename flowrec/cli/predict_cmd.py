@@ -387,7 +387,7 @@ def _raw_chunks(model, raw: Path, fmt: Optional[str], on_error: str, keep: Optio
     CSV wrote '1' and '0', and the scores file's clk had no mean); Parquet keeps the file's type."""
     from flowrec.data.error_log import ErrorLog
     from flowrec.data.layout import label_columns, weight_columns
-    from flowrec.data.sources import FORMAT_ALIASES, criteo_has_label, reader
+    from flowrec.data.sources import FORMAT_ALIASES, Scoring, criteo_has_label, reader
 
     spec = model.spec
     if fmt is None:
@@ -400,20 +400,25 @@ def _raw_chunks(model, raw: Path, fmt: Optional[str], on_error: str, keep: Optio
             raise ValueError(mismatch)
     log = ErrorLog(on_error, str(raw))
     opts = dict(spec.data.options) if spec.data is not None else {}
-    opts["labels_unused"] = True  # scoring ignores the label: a row may leave it empty
     if FORMAT_ALIASES.get(fmt, fmt) == "libsvm" and model.record.feature_map:
         opts["feature_map"] = model.record.feature_map  # the package's map, never a file in the working folder
     if FORMAT_ALIASES.get(fmt, fmt) == "criteo_tsv":  # test files lack the label column
         opts["has_label"] = criteo_has_label(raw)
     numeric = {model.encoder.source(f.name) for f in spec.dense_features}
-    # a CSV's other columns are not read (a row of 100,000 columns took 1.5 GB): every feature's
-    # (a retrieval package's heads read the row's item where it is given) and --keep's
-    opts["read_columns"] = {model.encoder.source(f.name) for f in spec.features} | set(keep or [])
+    # scoring ignores the label (a row may leave it empty), and a CSV's other columns are not read (a row
+    # of 100,000 columns took 1.5 GB): every feature's (a retrieval package's heads read the row's item
+    # where it is given) and --keep's
+    scoring = Scoring(frozenset({model.encoder.source(f.name) for f in spec.features} | set(keep or [])))
     labels = set(label_columns(spec)) | set(weight_columns(spec))  # numbers in training: a head's label, its weights
     if FORMAT_ALIASES.get(fmt, fmt) != "parquet":
         numeric |= labels & set(keep or [])
+    from flowrec.data.convert import one_index_each
     from flowrec.data.encode import drop_unencodable
 
-    chunks = (drop_unencodable(model.encoder, chunk, log) for chunk in reader(fmt)(raw, opts, log, numeric))
+    rows = reader(fmt)(raw, opts, log, numeric, scoring)
+    if FORMAT_ALIASES.get(fmt, fmt) == "libsvm":  # a one-hot feature given two indices: malformed, as convert says
+        columns = {f.name: model.encoder.source(f.name) for f in spec.features}
+        rows = (one_index_each(chunk, spec, columns, log) for chunk in rows)
+    chunks = (drop_unencodable(model.encoder, chunk, log) for chunk in rows)
     return (chunk for chunk in chunks if chunk.num_rows), log  # a value the encoder scales past float32: malformed
 

@@ -5,8 +5,9 @@ Parquet part files of at most `rows_per_file` rows. Vocabulary tables and standa
 need a first pass over the input (as DLRM's Criteo preprocessing does); a split conversion makes it
 over the rows it writes to ``train/`` alone, so the test rows are held out of the vocabularies and
 statistics too (recorded as ``fit_on: train`` in the split record). With
-``data.options.test_fraction`` the rows are split (seeded by ``split_seed``, per row index, so
-the split does not depend on chunking) into ``train/`` and ``test/`` datasets; with
+``data.options.test_fraction`` the rows are split (seeded by ``split_seed``, by a hash of each row's
+values: rule 3, so a row's exact copies land on its side, `flowrec.data.duplicates`; by row index
+for a run of before it, rule 2; either way not by chunking) into ``train/`` and ``test/`` datasets; with
 ``split_by: <timestamp column>`` the newest ``test_fraction`` of the rows are the test set (a first
 pass reads the column, numbers or text times ordered as text; rows at the cutoff time go to test). Encoding with an existing encoder
 whose tables reserve spare rows (``vocab_spare``) first finds the unseen values and gives them
@@ -31,6 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from flowrec.data.duplicates import Duplicates, mix64, row_hashes
 from flowrec.data.encode import Encoder, UnseenIds, encodable_rows, fit_encoder, needs_fit
 from flowrec.data.empty_columns import EmptyColumns, EmptyLabels
 from flowrec.data.look_alike import look_alike_note, look_alikes
@@ -54,10 +56,15 @@ ROWS_PER_FILE = 1 << 20  # rows per Parquet part file
 ROW_GROUP_ROWS = 1 << 14  # rows per Parquet row group: the unit a rank reads (1/8 of a shuffle chunk)
 FORMAT_LABEL = {"avazu_csv": "click"}  # source label column when the spec names none
 SPLIT_MIX = np.uint64(0x9E3779B97F4A7C15)  # golden-ratio increment of splitmix64
-# the seeded split's rule, recorded with it (`split_rule`) since 2026-12-06: 2 is `split_mask`'s
-# (since ffdac45, 2026-12-05); before, the rows drew another hash, so a dataset whose record names
-# no rule may hold another split than converting its raw rows again makes
-SPLIT_RULE = 2
+# the seeded split's rule, recorded with it (`split_rule`) since 2026-12-06: 3 is `split_by_hash`'s
+# (a row's side drawn from its values: exact copies of a row land on its side); 2 is `split_mask`'s
+# (since ffdac45, 2026-12-05: by row index, so a file joined to itself put each copy on a side of
+# its own), still made for a run of before rule 3 whose bound data is encoded again; before, the
+# rows drew another hash, so a dataset whose record names no rule may hold another split than
+# converting its raw rows again makes
+SPLIT_RULE = 3
+INDEX_SPLIT_RULE = 2
+SPLIT_RULES = (INDEX_SPLIT_RULE, SPLIT_RULE)
 # the rows a split conversion fits its encoder on, recorded with the split (`fit_on`) since
 # 2026-12-06: its train rows alone ("given": it encoded with a given encoder, fitted elsewhere, any
 # spare rows grown on the train rows); a record that names none was fitted on every row, test rows included
@@ -201,7 +208,7 @@ def older_seeded_split(split: dict[str, Any]) -> bool:
     >>> older_seeded_split({"test_fraction": 0.2, "part": "train", "split_seed": 0, "split_rule": SPLIT_RULE})
     False
     """
-    return "split_seed" in split and split.get("split_rule") != SPLIT_RULE
+    return "split_seed" in split and split.get("split_rule") not in SPLIT_RULES
 
 
 def split_mask(start: int, n: int, fraction: float, seed: int) -> np.ndarray:
@@ -215,24 +222,33 @@ def split_mask(start: int, n: int, fraction: float, seed: int) -> np.ndarray:
     [False, False, False, False]
     """
     with np.errstate(over="ignore"):
-        key = _mix64(np.array([seed], dtype=np.uint64) + SPLIT_MIX)  # (1,)
+        key = mix64(np.array([seed], dtype=np.uint64) + SPLIT_MIX)  # (1,)
         state = key + (np.arange(start, start + n, dtype=np.uint64) + np.uint64(1)) * SPLIT_MIX
-    return (_mix64(state) >> np.uint64(11)).astype(np.float64) / float(1 << 53) < fraction
+    return (mix64(state) >> np.uint64(11)).astype(np.float64) / float(1 << 53) < fraction
 
 
-def _mix64(z: np.ndarray) -> np.ndarray:
-    """splitmix64's output function (a bijection of uint64 that spreads every input bit)."""
+def split_by_hash(hashes: np.ndarray, fraction: float, seed: int) -> np.ndarray:
+    """True for the rows in the test split by rule 3: a row draws its side from its values' hash
+    (`flowrec.data.duplicates.row_hashes`) mixed with splitmix64's first output of `seed`, so exact
+    copies of a row share its side, and every seed gives its own uniform draw.
+
+    >>> h = np.arange(100_000, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    >>> [abs(int(split_by_hash(h, 0.1, seed).sum()) - 10_000) < 500 for seed in (0, 1)]
+    [True, True]
+    >>> split_by_hash(np.array([7, 7], dtype=np.uint64), 0.5, 3).tolist() in ([True, True], [False, False])
+    True
+    """
     with np.errstate(over="ignore"):
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
+        key = mix64(np.array([seed], dtype=np.uint64) + SPLIT_MIX)  # (1,)
+        drawn = mix64(hashes ^ key)
+    return (drawn >> np.uint64(11)).astype(np.float64) / float(1 << 53) < fraction
 
 
 def convert(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_error: ErrorPolicy = "fail",
             options: dict[str, Any] | None = None, rows_per_file: int = ROWS_PER_FILE,
             progress: Callable[[int], None] | None = None, overwrite: bool = False,
             encoder: Encoder | None = None, grow: bool = True,
-            status: Callable[[str], None] | None = None) -> ConvertReport:
+            status: Callable[[str], None] | None = None, split_rule: int = SPLIT_RULE) -> ConvertReport:
     """Convert raw files of a format to an encoded dataset in `out`.
 
     The dataset is written into a new sibling folder and renamed to `out` when complete
@@ -253,6 +269,8 @@ def convert(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_error: 
             tables with spare rows, to the free rows after the vocabulary.
         grow: with `encoder`, give unseen values spare rows (False: row 0, as `predict` does).
         status: told when replacing `out` waits for flowrec processes reading it (a run training on it).
+        split_rule: the seeded split's rule (`SPLIT_RULE`; `INDEX_SPLIT_RULE` for the bound data of a
+            run of before rule 3, encoded again: the rows it trained on).
 
     Raises:
         DataError: missing inputs, unreadable input, a malformed row with on_error="fail", an
@@ -275,14 +293,15 @@ def convert(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_error: 
     unread = [line for path in inputs if fmt == "parquet" for line in unread_lines(path)]  # a job still writing
     with staged_output(Path(out), overwrite, inputs, status) as tmp:
         report = _convert_into(spec, fmt, inputs, tmp, on_error, options or {}, rows_per_file, progress,
-                               encoder, grow)
+                               encoder, grow, split_rule)
         _check_rows(report, inputs, fmt)
     return replace(report, out=str(out), seconds=time.perf_counter() - started, warnings=(*unread, *report.warnings))
 
 
 def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_error: ErrorPolicy,
                   options: dict[str, Any], rows_per_file: int,
-                  progress: Callable[[int], None] | None, given: Encoder | None, grow: bool) -> ConvertReport:
+                  progress: Callable[[int], None] | None, given: Encoder | None, grow: bool,
+                  split_rule: int = SPLIT_RULE) -> ConvertReport:
     read = reader(fmt)
     opts = dict(spec.data.options) if spec.data is not None else {}
     opts.update(options)
@@ -319,6 +338,8 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
             for chunk in read(path, opts, log, numeric):
                 _check_columns(chunk, spec, columns, path)
                 _check_id_columns(chunk, spec, columns, path, FORMAT_ALIASES.get(fmt, fmt) != "parquet")
+                if FORMAT_ALIASES.get(fmt, fmt) == "libsvm":
+                    chunk = one_index_each(chunk, spec, columns, log)
                 if not separators_checked[0]:
                     _check_separators(chunk, spec, columns, opts, path, advice)
                     separators_checked[0] = True
@@ -343,10 +364,13 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
     cutoff = _time_cutoff((c for _, c in chunks(on_error)), split_by, fraction, text_times) \
         if split_by and fraction else None
 
-    def test_rows(chunk: pa.Table, index: int) -> np.ndarray | None:
-        """The test side of a chunk whose first row is row `index` (None: no split). Rows are
-        counted before the rows the encoder cannot encode are dropped (`encodable_rows`: that
-        depends on the fitted encoder), so the fit pass and the write pass number them alike."""
+    def test_rows(chunk: pa.Table, index: int, hashes: np.ndarray | None = None) -> np.ndarray | None:
+        """The test side of a chunk whose first row is row `index` (None: no split), `hashes` its rows'
+        (`row_hashes`, made here where not given). Rows are counted before the rows the encoder
+        cannot encode are dropped (`encodable_rows`: that depends on the fitted encoder), so the fit
+        pass and the write pass number them alike."""
+        if fraction and cutoff is None and split_rule == SPLIT_RULE:
+            return split_by_hash(row_hashes(chunk) if hashes is None else hashes, fraction, seed)
         if fraction:
             return (split_mask(index, chunk.num_rows, fraction, seed) if cutoff is None
                     else np.asarray(_times(chunk, split_by, text_times) >= cutoff, bool))
@@ -388,8 +412,11 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
     unseen = UnseenIds(given) if given is not None else None  # ids the run's vocabulary holds in another form
     forms = IdForms()  # how the rows write the ids of hashed and managed tables, recorded with the encoder
     empty = EmptyColumns(spec, columns)  # feature columns of an input that hold no value in any row written
+    copies = Duplicates()  # rows that are exact copies of an earlier row (a file joined to itself?), warned of
     for log, chunk in chunks(on_error):
-        test = test_rows(chunk, index)
+        hashes = row_hashes(chunk)
+        copies.observe(log.path or "", hashes, chunk.column(LINE_COLUMN).to_numpy())
+        test = test_rows(chunk, index, hashes)
         index += chunk.num_rows
         keep = encodable_rows(encoder, chunk, log)  # a run's std scaling a value past float32
         if keep is not None:
@@ -421,7 +448,7 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
         w.close()
         record = {"test_fraction": fraction, "part": name}
         record.update({"split_by": split_by, "cutoff": cutoff} if cutoff is not None
-                      else {"split_seed": seed, "split_rule": SPLIT_RULE})
+                      else {"split_seed": seed, "split_rule": split_rule})
         if last_out:
             record = {"split": "leave_last_out", "part": name}
         # fitted here on the train rows alone, or a given encoder (--encoder-from, a run's), grown on them
@@ -429,11 +456,13 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
         _finish(spec, encoder, w, fmt, inputs, record if split else {}, opts.get("feature_map"), forms.record())
         stats[name].write(w.out)
     examples = tuple(str(e) for log in logs for e in log.examples)
+    copied = copies.line("row" if fmt == "parquet" else "line",
+                         split=bool(fraction) and cutoff is None and split_rule == SPLIT_RULE)
     return ConvertReport(str(out), seen, sum(w.files for w in writers.values()),
                          sum(log.count for log in logs), examples, 0.0,
                          {k: w.rows for k, w in writers.items() if k}, mapped[0], growth,
                          (*label_features(spec, columns), *overflow, *(unseen.lines() if unseen is not None else ()),
-                          *empty.lines()))
+                          *empty.lines(), *([copied] if copied else ())))
 
 
 def _after_cutoff(inputs: list[Path], split_by: str, cutoff: float | str, fraction: float) -> str:
@@ -587,6 +616,29 @@ def _check_id_columns(chunk: pa.Table, spec: ModelSpec, columns: dict[str, str],
             check_float_ids(column, name, lines)
         except DataError as exc:
             raise DataError(f"{path}: {exc}") from None
+
+
+def one_index_each(chunk: pa.Table, spec: ModelSpec, columns: dict[str, str], log: ErrorLog) -> pa.Table:
+    """The libsvm rows without those that give a one-hot feature's column two or more indices (a
+    feature map naming one column for several indices, or libfm's field given twice): the reader
+    joins them with '^' for a multi-hot feature, and a one-hot one encoded the joined text ('0^1') as
+    one id without a word. Each such row is malformed (named, counted, skipped or fatal by policy);
+    `data convert`, train's staging and `flowrec predict` read libsvm rows so."""
+    bad = np.zeros(chunk.num_rows, bool)
+    lines = chunk.column(LINE_COLUMN).to_numpy()
+    for f in spec.sparse_features:
+        name = columns.get(f.name, f.name)
+        if is_multi(f) or name not in chunk.column_names:
+            continue
+        values = chunk.column(name)
+        joined = pc.fill_null(pc.match_substring(values, "^"), False).to_numpy(zero_copy_only=False)
+        for i in np.flatnonzero(joined & ~bad):
+            bad[i] = True
+            indices = values[int(i)].as_py().split("^")
+            log.add(int(lines[i]), f"{len(indices)} indices ({', '.join(indices[:4])}) give the column {name} of the "
+                                   f"one-hot feature {f.name!r}: one index a row, or give the feature max_len "
+                                   "(multi-hot)")
+    return chunk.filter(pa.array(~bad)) if bad.any() else chunk
 
 
 def _separator_hint(names: list[str], needed: list[str]) -> str:

@@ -83,9 +83,16 @@ def parse_order(text: str) -> DayOrder:
     return DayOrder(column.strip())
 
 
-def landed(folder: Path, key: Callable[[str], Any] | None = None) -> list[Path]:
+def listing(folder: Path) -> list[Path]:
+    """The entries of the folder of days `folder`, in order of name: one listing, which `landed` and
+    `skipped_entries` share (`--follow` lists its days once a look, not once for each)."""
+    return sorted(folder.iterdir())
+
+
+def landed(folder: Path, key: Callable[[str], Any] | None = None, entries: list[Path] | None = None) -> list[Path]:
     """The complete day partitions under `folder`, in order of `key` of their names (default: natural
-    order, `name_key`; raises DataError if it is not a folder)."""
+    order, `name_key`; raises DataError if it is not a folder). `entries`: the folder's `listing`,
+    where the caller made it (default: listed here, once)."""
     if not folder.is_dir():
         raise DataError(f"{folder}: not a folder")
     if (folder / META_FILE).is_file():  # one day given as the days: --follow-wait waited for days under it
@@ -99,9 +106,10 @@ def landed(folder: Path, key: Callable[[str], Any] | None = None) -> list[Path]:
     if owner is not None:  # `--follow RUN` trained a run's encoded bound data, RUN/data, as a day 'data'
         raise DataError(f"{folder} is {owner}'s folder, not a folder of day partitions: give the folder that "
                         "holds the days (each an encoded dataset)")
-    days = sorted((p for p in folder.iterdir() if p.is_dir() and (p / META_FILE).is_file()
+    entries = listing(folder) if entries is None else entries
+    days = sorted((p for p in entries if p.is_dir() and (p / META_FILE).is_file()
                    and not p.name.startswith((".", "_"))), key=lambda p: (key or name_key)(p.name))
-    for p in sorted(folder.iterdir()):
+    for p in entries:
         # a day converted with a test split was skipped without a word, forever
         if p.is_dir() and not (p / META_FILE).is_file() and not p.name.startswith((".", "_")) and _split_of(p):
             raise DataError(f"day {p.name} under {folder} is one dataset split into train/ and test/ (a "
@@ -120,15 +128,16 @@ def landed(folder: Path, key: Callable[[str], Any] | None = None) -> list[Path]:
 SKIPPED_SHOWN = 10  # skipped entries named in the line; the rest are counted
 
 
-def skipped_entries(folder: Path) -> dict[str, str]:
+def skipped_entries(folder: Path, entries: list[Path] | None = None) -> dict[str, str]:
     """The entries of the folder of days `folder` that are no day partition and that `landed` skips
     (an empty folder, one without its meta, a link to nothing or a link loop, a file): name -> why,
     in order of name. Names starting with '.' or '_' are skipped by design (a writer's own), and a
-    day split into train/ and test/ is refused by `landed`."""
+    day split into train/ and test/ is refused by `landed`. `entries`: the folder's `listing`, where
+    the caller made it."""
     import errno
 
     skipped = {}
-    for p in sorted(folder.iterdir()):
+    for p in listing(folder) if entries is None else entries:
         if p.name.startswith((".", "_")) or (p / META_FILE).is_file():
             continue
         try:
@@ -181,15 +190,17 @@ def _split_of(folder: Path) -> bool:
     return False
 
 
-def day_partitions(folder: Path, order: DayOrder) -> list[Path]:
-    """The complete day partitions under `folder` in `order` (raises DataError when a day has no date)."""
-    return [day for day, _ in _ordered(folder, order, read_meta)]
+def day_partitions(folder: Path, order: DayOrder, entries: list[Path] | None = None) -> list[Path]:
+    """The complete day partitions under `folder` in `order` (raises DataError when a day has no date;
+    `entries`: the folder's `listing`, where the caller made it)."""
+    return [day for day, _ in _ordered(folder, order, read_meta, entries)]
 
 
-def _ordered(folder: Path, order: DayOrder, meta: Callable[[Path], DatasetMeta]) -> list[tuple[Path, Any]]:
+def _ordered(folder: Path, order: DayOrder, meta: Callable[[Path], DatasetMeta],
+             entries: list[Path] | None = None) -> list[tuple[Path, Any]]:
     """(day, its first date; None when ordered by name) per complete day under `folder`, in `order`:
     each day dated once. `meta` reads a day's meta (a caller that reads it again passes a cached one)."""
-    days = landed(folder, order.name_key)  # in the order of their names: sorted once
+    days = landed(folder, order.name_key, entries)  # in the order of their names: sorted once
     if order.column is None:
         return [(day, None) for day in days]
     dated = {day.name: _dated(day, order.column, meta) for day in days}

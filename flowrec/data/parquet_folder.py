@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Collection
 
 import pyarrow as pa
 
@@ -52,8 +52,11 @@ class ParquetFile:
     schema: pa.Schema
 
 
-def parquet_files(path: Path, numeric: set[str]) -> list[ParquetFile]:
+def parquet_files(path: Path, numeric: set[str], columns: Collection[str] | None = None) -> list[ParquetFile]:
     """The files of a raw Parquet file or folder (path order) that hold rows, checked alike.
+    `columns`: the only columns read (`flowrec predict`'s), where the first file holds them all: each
+    file's schema holds only those, and only they must be in every file, of one type (else every
+    column, as None).
 
     Raises:
         DataError: a file that lacks a column of the folder's first file, has one it lacks, or
@@ -69,10 +72,14 @@ def parquet_files(path: Path, numeric: set[str]) -> list[ParquetFile]:
     if not files:
         return []
     first, reference = files[0][0].path, files[0][1]
-    for fragment, columns in files[1:]:
-        _check_names(fragment.path, columns, first, reference)
-    typed = _folder_types(files, numeric)
-    return [ParquetFile(f.path, f, pa.schema([pa.field(n, typed.get(n, c[n].type)) for n in reference]))
+    read = list(reference) if columns is None or not set(columns) <= set(reference) else \
+        [name for name in reference if name in set(columns)]
+    restricted = len(read) < len(reference)
+    for fragment, held in files[1:]:  # the columns read (every one, or `columns`), in every file
+        _check_names(fragment.path, {n: f for n, f in held.items() if n in read} if restricted else held, first,
+                     {n: reference[n] for n in read})
+    typed = _folder_types([(f, {n: c[n] for n in read}) for f, c in files], numeric)
+    return [ParquetFile(f.path, f, pa.schema([pa.field(n, typed.get(n, c[n].type)) for n in read]))
             for f, c in files]
 
 

@@ -8,7 +8,9 @@ with their line numbers and are dropped from the chunk (or raise, by policy). Ev
 carries `LINE_COLUMN`, the 1-based line of each row in its file, so later checks (labels) can
 report rows the same way.
 
-Readers are registered by the `data.format` names of the spec.
+Readers are registered by the `data.format` names of the spec. `flowrec predict` reads the rows it
+scores with a `Scoring` (labels may be missing; only the package's columns are read): a reader
+argument of its own, never one of the spec's data.options, which a spec fills as it likes.
 
 Example:
     >>> chunks = READERS["criteo_tsv"](Path("day_0.tsv"), {}, ErrorLog("skip"), {"label"})  # doctest: +SKIP
@@ -17,8 +19,9 @@ from __future__ import annotations
 
 import sys
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Collection, Iterator
+from typing import Any, Callable, Collection, Iterator, Protocol
 
 import numpy as np
 import pandas as pd
@@ -40,24 +43,41 @@ INT64_BOUND = 2.0 ** 63  # MovieLens ids and timestamps are int64: whole numbers
 FLOAT32_MAX = float(np.finfo(np.float32).max)  # larger numbers cannot be encoded
 LINE_COLUMN = "__line__"  # int64: 1-based line of the row in its file (u.data for movielens)
 
-Reader = Callable[[Path, dict[str, Any], ErrorLog, set[str]], Iterator[pa.Table]]
+@dataclass(frozen=True)
+class Scoring:
+    """How `flowrec predict` reads the rows a package scores: a row's label may be missing (scoring
+    ignores it), and only `columns` are read where the format can leave the others unread (None:
+    every column). A reader argument, so no spec's data.options can make `data convert` or `train`
+    read so (a spec's `read_columns: [price]` read only that column)."""
+
+    columns: frozenset[str] | None = None
 
 
-def read_criteo(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[str]) -> Iterator[pa.Table]:
+class Reader(Protocol):
+    """A format's reader: `path` in chunks of checked rows, by the spec's data `options`, malformed
+    rows to `log`, the `numeric` columns as float64; `scoring` for the rows `flowrec predict` scores."""
+
+    def __call__(self, path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[str],
+                 scoring: Scoring | None = None) -> Iterator[pa.Table]: ...
+
+
+def read_criteo(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[str],
+                scoring: Scoring | None = None) -> Iterator[pa.Table]:
     """Criteo TSV: label, I1..I13, C1..C26, tab-separated, no header, empty = missing.
 
     With ``options["has_label"]`` False, rows are in the layout of Criteo's test files: the same
-    columns without the label (39 fields). With ``options["labels_unused"]`` (scoring), a row's
-    label may be missing (an empty field).
+    columns without the label (39 fields). With `scoring`, a row's label may be missing (an empty
+    field), and only its columns and the label (a label that is not a number is still a malformed
+    row) are read (`_scored_columns`).
     """
     _refuse_folder(path, "criteo")
     encoding = _fixed_layout_encoding(options, "criteo", "tab-separated, no header")
     names = CRITEO_COLUMNS if options.get("has_label", True) else CRITEO_COLUMNS[1:]
     numeric = set(numeric) | {"label"} | {c for c in CRITEO_COLUMNS if c.startswith("I")}
     yield from csv_chunks(path, log, numeric, delimiter="\t", names=names,
-                          required=set() if options.get("labels_unused") else {"label"},
+                          required=set() if scoring else {"label"},
                           chunk_bytes=options.get("chunk_bytes", CHUNK_BYTES), encoding=encoding,
-                          scoring=bool(options.get("labels_unused")))
+                          scoring=scoring is not None, columns=_scored_columns(scoring, "label", names))
 
 
 def criteo_has_label(path: Path) -> bool:
@@ -82,15 +102,40 @@ def criteo_has_label(path: Path) -> bool:
                     f"{len(CRITEO_COLUMNS)} (label first) or {len(CRITEO_COLUMNS) - 1} (test files, no label)")
 
 
-def read_avazu(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[str]) -> Iterator[pa.Table]:
-    """Avazu CSV with header (id, click, hour, C1, ...); label column `click` (with
-    ``options["labels_unused"]``, scoring: it may be missing, an empty field)."""
+def read_avazu(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[str],
+               scoring: Scoring | None = None) -> Iterator[pa.Table]:
+    """Avazu CSV with header (id, click, hour, C1, ...); label column `click` (with `scoring`: it
+    may be missing, an empty field or column, as in Avazu's test file, and only the scored columns and
+    `click` are read where the header names them all: `_scored_columns`)."""
     _refuse_folder(path, "avazu")
     encoding = _fixed_layout_encoding(options, "avazu", "comma-separated, a header first")
+    header = None
+    if scoring is not None and scoring.columns is not None:
+        try:
+            header = _header_names(path, ",", encoding or "utf-8")
+        except (OSError, pa.ArrowInvalid):
+            header = None  # the reader names the file
     yield from csv_chunks(path, log, set(numeric) | {"click"}, delimiter=",", names=None,
-                          required=set() if options.get("labels_unused") else {"click"},
+                          required=set() if scoring else {"click"},
                           chunk_bytes=options.get("chunk_bytes", CHUNK_BYTES), encoding=encoding,
-                          scoring=bool(options.get("labels_unused")))
+                          scoring=scoring is not None, columns=_scored_columns(scoring, "click", header))
+
+
+def _scored_columns(scoring: Scoring | None, label: str, names: list[str] | None) -> frozenset[str] | None:
+    """The columns a format of fixed label (criteo, avazu) reads for `scoring`: its columns and the
+    label where the file has it (`names`: its columns, None: not known), whose text is still checked
+    (a header line repeated inside the file is a malformed row, not a row scored); None (every column)
+    when not scoring or scoring every column. A file without the label column (Avazu's and Criteo's
+    test files) read every column.
+
+    >>> scoring = Scoring(frozenset({"C1"}))
+    >>> sorted(_scored_columns(scoring, "click", ["id", "click", "C1"])), sorted(_scored_columns(scoring, "click", ["id", "C1"]))
+    (['C1', 'click'], ['C1'])
+    >>> _scored_columns(None, "click", None)
+    """
+    if scoring is None or scoring.columns is None:
+        return None
+    return scoring.columns | ({label} if names is None or label in names else set())
 
 
 def _fixed_layout_encoding(options: dict[str, Any], fmt: str, layout: str) -> str | None:
@@ -124,11 +169,12 @@ def arrow_threads_may_hold_python() -> bool:
     return readers_opened()
 
 
-def read_csv(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[str]) -> Iterator[pa.Table]:
+def read_csv(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[str],
+             scoring: Scoring | None = None) -> Iterator[pa.Table]:
     """Generic delimited text; options: sep (","), header (true), names (when no header),
     encoding (the text's, "utf-8" by default: e.g. latin-1 or cp1252, read into UTF-8 on the way in).
-    With ``options["read_columns"]`` (scoring: the package's raw columns and --keep's) only those
-    columns are read where the header names them all (`csv_chunks`)."""
+    With `scoring` columns (the package's raw columns and --keep's) only those columns are read
+    where the header names them all (`csv_chunks`)."""
     _refuse_folder(path, "csv")
     sep, header, names = _csv_options(options)
     if not header and not names:
@@ -138,7 +184,7 @@ def read_csv(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[st
                           chunk_bytes=options.get("chunk_bytes", CHUNK_BYTES),
                           skip_header=bool(names) and header,
                           encoding=_encoding(options.get("encoding", "utf-8")),
-                          scoring=bool(options.get("labels_unused")), columns=options.get("read_columns"))
+                          scoring=scoring is not None, columns=None if scoring is None else scoring.columns)
 
 
 def _csv_options(options: dict[str, Any]) -> tuple[str, bool, list[str]]:
@@ -782,12 +828,15 @@ def _parse_numbers(text: pa.Array, lines: np.ndarray, bad: np.ndarray, log: Erro
         return pa.array(parsed.to_numpy(dtype=np.float64), pa.float64(), from_pandas=True)
 
 
-def read_libsvm(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[str]) -> Iterator[pa.Table]:
+def read_libsvm(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[str],
+                scoring: Scoring | None = None) -> Iterator[pa.Table]:
     """libsvm / libfm text: ``label idx:val ...`` or ``label field:idx:val ...``.
 
     Options: fields (list of column names, by token position or by libfm field number),
     feature_map (file of ``idx name`` lines: the column of each libsvm index). A categorical
-    column receives the index, a numeric one (a dense feature) the value.
+    column receives the index, a numeric one (a dense feature) the value. With `scoring` columns
+    that the options all name, only those columns are made, and the other tokens' values are
+    neither parsed nor checked (a token's form, its field's position and its index in the map are).
     """
     _refuse_folder(path, "libsvm")
     fields = options.get("fields", ())
@@ -801,18 +850,23 @@ def read_libsvm(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set
     if LINE_COLUMN in names:  # as `_refuse_line_column` for a header
         raise DataError(f"{path}: data.options names a column {LINE_COLUMN!r}, the name flowrec gives the line "
                         "of each row: rename it")
+    read = None
+    if scoring is not None and scoring.columns is not None and scoring.columns <= set(names) | {"label"}:
+        read = set(scoring.columns)  # else every column, so the line about missing columns names them as before
+        names = [n for n in names if n in read]
     try:
         fh = _open_lines(path)
     except (OSError, pa.ArrowInvalid) as exc:
         raise DataError(f"cannot read {path}: {getattr(exc, 'strerror', None) or _why(exc)}") from None
     with fh:
-        yield from _libsvm_chunks(fh, path, fields, fmap, names, numeric, log)
+        yield from _libsvm_chunks(fh, path, fields, fmap, names, numeric, log, read)
 
 
 def _libsvm_chunks(fh: Any, path: Path, fields: list[str], fmap: dict[str, str] | None, names: list[str],
-                   numeric: set[str], log: ErrorLog) -> Iterator[pa.Table]:
-    """`read_libsvm`'s chunks of the open file `fh`. A file that cannot be read on (a truncated
-    .gz: 'Truncated compressed stream', which named no file) is one line naming it."""
+                   numeric: set[str], log: ErrorLog, read: set[str] | None = None) -> Iterator[pa.Table]:
+    """`read_libsvm`'s chunks of the open file `fh` (`read`: the only columns whose values are read;
+    None: every column). A file that cannot be read on (a truncated .gz: 'Truncated compressed
+    stream', which named no file) is one line naming it."""
     lines_read = _ReadsNaming(fh, path)
     lineno = 0
     while True:
@@ -822,7 +876,7 @@ def _libsvm_chunks(fh: Any, path: Path, fields: list[str], fmap: dict[str, str] 
             lineno += 1
             if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte order mark, as the CSV
                 raw = raw[3:]  # formats skip it (it was a malformed first row: '\ufeff1')
-            parsed = _libsvm_line(raw, lineno, fields, fmap, numeric, log)
+            parsed = _libsvm_line(raw, lineno, fields, fmap, numeric, log, read)
             if parsed is not None:
                 for n in rows:
                     rows[n].append(parsed.get(n))
@@ -850,7 +904,7 @@ class _ReadsNaming:
 
 
 def _libsvm_line(raw: bytes, lineno: int, fields: list[str], fmap: dict[str, str] | None,
-                 numeric: set[str], log: ErrorLog) -> dict[str, Any] | None:
+                 numeric: set[str], log: ErrorLog, read: set[str] | None = None) -> dict[str, Any] | None:
     try:
         text = raw.decode("utf-8").strip()
     except UnicodeDecodeError:
@@ -864,6 +918,8 @@ def _libsvm_line(raw: bytes, lineno: int, fields: list[str], fmap: dict[str, str
         out: dict[str, Any] = {"label": float(tokens[0])}
         if abs(out["label"]) > FLOAT32_MAX:
             raise ValueError(f"{_number_problem(out['label'])} {tokens[0]!r} in column label")
+        indices: set[tuple[str, str]] = set()  # (column, index) of the row's tokens: each once
+        dense: dict[str, str] = {}  # dense column -> the index that gave its value
         # svmlight's query id (`1 qid:3 1:0.5`) is no feature: it took the first field's place by position
         for pos, tok in enumerate(t for t in tokens[1:] if not t.startswith("qid:")):
             parts = tok.split(":")
@@ -875,7 +931,16 @@ def _libsvm_line(raw: bytes, lineno: int, fields: list[str], fmap: dict[str, str
                 name = fmap[idx] if fmap is not None else fields[pos]
             else:
                 raise ValueError(f"token {tok!r} is not idx:val")
+            if (name, idx) in indices:  # `3:1 3:1` was the id '3^3', `4:0.1 4:0.9` the value 0.9, without a word
+                raise ValueError(f"index {idx} of column {name} twice in the row (an index is given once a row)")
+            indices.add((name, idx))
+            if read is not None and name not in read:
+                continue
             if name in numeric:
+                if name in dense:  # two indices of one dense column: which value is meant is unknowable
+                    raise ValueError(f"indices {dense[name]} and {idx} both give the dense column {name} (one value "
+                                     "a row)")
+                dense[name] = idx
                 out[name] = float(val)
                 if abs(out[name]) > FLOAT32_MAX:  # nan is a missing value, as in text formats
                     raise ValueError(f"{_number_problem(out[name])} {val!r} in column {name}")
@@ -948,7 +1013,8 @@ def _feature_map(path: Path) -> dict[str, str]:
     return out
 
 
-def read_movielens(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[str]) -> Iterator[pa.Table]:
+def read_movielens(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[str],
+                   scoring: Scoring | None = None) -> Iterator[pa.Table]:
     """A MovieLens folder as GroupLens ships it, its release told by its files.
 
     - 100K: u.data, u.user, u.item (latin-1), u.genre;
@@ -966,7 +1032,7 @@ def read_movielens(path: Path, options: dict[str, Any], log: ErrorLog, numeric: 
     Raises:
         DataError: a folder of none of these releases, or an unreadable ratings line.
     """
-    del log
+    del log, scoring  # read whole: a folder of its own files, scored by no package column list
     max_len = sequence_length(options)
     ratings, users, items = _movielens_tables(path)
     df = ratings.merge(users, on="user_id", how="left").merge(items, on="item_id", how="left")
@@ -1183,7 +1249,8 @@ def _titled_items(ids: pd.Series, titles: pd.Series, genres: pd.Series) -> pd.Da
 PARQUET_BATCH_ROWS = 65536  # rows per chunk of a raw Parquet input
 
 
-def read_parquet(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[str]) -> Iterator[pa.Table]:
+def read_parquet(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[str],
+                 scoring: Scoring | None = None) -> Iterator[pa.Table]:
     """Raw rows in Parquet: one file, or a folder of them (a Hive-partitioned table: the
     partition columns join the rows), streamed in batches of PARQUET_BATCH_ROWS.
 
@@ -1192,7 +1259,8 @@ def read_parquet(path: Path, options: dict[str, Any], log: ErrorLog, numeric: se
     that is not a number makes the row malformed. Other columns keep their type (strings,
     integers, lists for multi-hot features). Every file of a folder holds the same columns, each
     of one type (`flowrec.data.parquet_folder`). `LINE_COLUMN` is the row's 1-based position in
-    the input (a folder's files in path order).
+    the input (a folder's files in path order). With `scoring` columns that the first file holds
+    all, only those columns are read (pyarrow's `columns=`), and only their types checked.
 
     Raises:
         DataError: an unreadable file or folder, a file whose columns differ from the folder's
@@ -1204,15 +1272,15 @@ def read_parquet(path: Path, options: dict[str, Any], log: ErrorLog, numeric: se
     try:
         for file, names in file_columns(path):  # before the folder's schema is unified, which needs them unique
             _unique_columns(Path(file), names)
-        files = parquet_files(path, numeric)
+        files = parquet_files(path, numeric, None if scoring is None else scoring.columns)
         if files and LINE_COLUMN in files[0].schema.names:  # not its own column: _unique_columns refused that
             key = next(p for p in Path(files[0].path).parents if p.name.startswith(f"{LINE_COLUMN}="))
             raise DataError(f"{key}: a partition folder of key {LINE_COLUMN!r}, the name flowrec gives the line "
                             "of each row: rename the key")
         seen = 0
         for file in files:
-            for batch in file.fragment.to_batches(schema=file.schema, batch_size=PARQUET_BATCH_ROWS,
-                                                  use_threads=False):
+            for batch in file.fragment.to_batches(schema=file.schema, columns=file.schema.names,
+                                                  batch_size=PARQUET_BATCH_ROWS, use_threads=False):
                 table = pa.Table.from_batches([batch], file.schema)
                 lines = np.arange(seen + 1, seen + table.num_rows + 1, dtype=np.int64)
                 seen += table.num_rows

@@ -49,7 +49,7 @@ KINDS: dict[str, type] = {**{k: str for k in SETTINGS}, **{k: int for k in INT_S
                            "compile": bool,
                            # what run.json records beside the flags: an edited one turned the check of the
                            # data a resume reads off (train_rows "x"), or named --init-from (init_from 5)
-                           "train_rows": int, "init_from": str, "fresh_optimizer": bool}
+                           "train_rows": int, "init_from": str, "fresh_optimizer": bool, "split_rule": int}
 REQUIRED = RUN_SETTINGS_KEYS  # every run.json holds
 # them (flowrec train and flowrec.train write them); without one, --resume would silently train
 # something else (the spec's bound data instead of the run's --data, another length)

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import torch
 
+from flowrec.data.convert import INDEX_SPLIT_RULE, SPLIT_RULE
 from flowrec.data.cores import local_ranks
 from flowrec.data.encoder_record import EncoderRecord
 from flowrec.data.hostmemory import available_memory_bytes
@@ -71,6 +72,8 @@ def run_settings(given: dict[str, Any], spec: ModelSpec, recorded: dict[str, Any
     settings, notes = merge_settings(given, recorded, defaults, spec.data is not None and spec.data.bound)
     settings["init_from"] = str(init_from) if init_from else None
     settings["fresh_optimizer"] = bool(fresh_optimizer)
+    # the rule its bound data is split by when encoded again (a resumed run of before rule 3 records none)
+    settings["split_rule"] = SPLIT_RULE if recorded is None else recorded.get("split_rule", INDEX_SPLIT_RULE)
     return settings, notes
 
 
@@ -80,7 +83,8 @@ def session_options(settings: dict[str, Any], folder: Path | None, resumed: bool
         eval_data=Path(settings["eval_data"]) if settings["eval_data"] else None,
         device=settings["device"], device_budget=settings["device_budget"], synthetic_rows=settings["rows"],
         seed=settings["seed"], workdir=folder, resumed=resumed, dask=settings["dask"],
-        init_from=Path(settings["init_from"]) if settings.get("init_from") else None)
+        init_from=Path(settings["init_from"]) if settings.get("init_from") else None,
+        split_rule=settings.get("split_rule"))
 
 
 def train_config(settings: dict[str, Any], folder: Path | None, progress: bool) -> TrainConfig:

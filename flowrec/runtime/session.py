@@ -54,6 +54,8 @@ class SessionOptions:
             with its encoder, new values given its spare rows.
         dask: read partitions through Dask: a scheduler address, or "local" for a local cluster
             (None: direct pyarrow reads, the faster default; see docs/data.md).
+        split_rule: the seeded split's rule of the run (`flowrec.data.convert.SPLIT_RULE`; a run of
+            before rule 3 records none: 2), with which its bound data is encoded again when gone.
     """
 
     data: Path | None = None
@@ -66,6 +68,7 @@ class SessionOptions:
     resumed: bool = False
     dask: str | None = None
     init_from: Path | None = None
+    split_rule: int | None = None
 
 
 @dataclass
@@ -238,7 +241,7 @@ def resolve_data(spec: ModelSpec, spec_path: Path, opts: SessionOptions,
     if spec.data is not None and spec.data.bound:
         if opts.eval_data is not None:  # refused before the bound raw data is encoded (minutes, a folder)
             check_spec(read_meta(Path(opts.eval_data)), spec, Path(opts.eval_data))
-        folder = bound_dataset(spec, spec_path, opts.workdir, status, opts.resumed, opts.init_from)
+        folder = bound_dataset(spec, spec_path, opts.workdir, status, opts.resumed, opts.init_from, opts.split_rule)
         if spec.data.format == "parquet":  # the user's own encoded dataset, not flowrec's encoding of raw data:
             # never 'remove it' (a raw Parquet file bound so was told to remove itself)
             for line in unread_lines(folder, raw=False):
@@ -325,7 +328,8 @@ def dataset_pair(path: Path, spec: ModelSpec, dask: str | None = None, test_need
 
 
 def bound_dataset(spec: ModelSpec, spec_path: Path, workdir: Path | None,
-                  status: Callable[[str], None], resumed: bool = False, init_from: Path | None = None) -> Path:
+                  status: Callable[[str], None], resumed: bool = False, init_from: Path | None = None,
+                  split_rule: int | None = None) -> Path:
     """Encode the spec's bound raw data once (reused while it exists). Encoding holds a lock on
     the folder it goes in (runs/<spec name> without a run folder), so two runs started together
     encode it once: the second waits, then reuses it (never a clash or a half-replaced folder).
@@ -334,8 +338,9 @@ def bound_dataset(spec: ModelSpec, spec_path: Path, workdir: Path | None,
     the raw data again with the run's own encoder (RUN/encoder: the same ids as the rows it trained on,
     whichever rows a new fit would see). A new run in its folder started from another (`init_from`)
     encodes it with that run's encoder, new values given its spare rows (an extension the run takes):
-    a new fit need not give the ids the model learnt (an older flowrec fitted on a split's test rows too)."""
-    from flowrec.data.convert import convert
+    a new fit need not give the ids the model learnt (an older flowrec fitted on a split's test rows too).
+    A resumed run's data is split again by the run's `split_rule` (the rows it trained on)."""
+    from flowrec.data.convert import SPLIT_RULE, convert
     from flowrec.data.error_log import SKIP_HINT
     from flowrec.data.sources import spec_file_options
     from flowrec.data.output import folder_locked
@@ -383,7 +388,8 @@ def bound_dataset(spec: ModelSpec, spec_path: Path, workdir: Path | None,
                + (f" with the encoder of {owner}" if own is not None else ""))
         try:
             report = convert(spec, spec.data.format, [raw], out, options=spec_file_options(spec, spec_path.parent),
-                             overwrite=replaced, encoder=own, grow=not resumed, status=status)
+                             overwrite=replaced, encoder=own, grow=not resumed, status=status,
+                             split_rule=split_rule if resumed and split_rule is not None else SPLIT_RULE)
         except DataError as exc:  # `flowrec train` and `flowrec.train` have no --on-error of their own
             shown = shell_word(str(spec_path)) if spec_path.is_file() else "SPEC"  # a command that runs as written
             raise DataError(str(exc).replace(SKIP_HINT, (

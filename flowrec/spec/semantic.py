@@ -257,18 +257,10 @@ def check_data(view: DocView) -> list[SpecIssue]:
     data = view.section("data")
     columns = data.get("columns", {}) if data else {}
     features = view.by_name("features")
-    options = data.get("options") if data else None
     return [
         SpecIssue(f"data.columns.{key}", f"unknown feature {key!r}{did_you_mean(key, features)}")
         for key in columns if key not in features
-    ] + [
-        SpecIssue(f"data.options.{key}", f"{key} is set by flowrec predict for its own reads (a spec setting it "
-                                         "would narrow what convert and train read): remove it")
-        for key in (options if isinstance(options, dict) else {}) if key in INTERNAL_OPTIONS
     ] + _history_lengths(view, data or {}, columns if isinstance(columns, dict) else {})
-
-
-INTERNAL_OPTIONS = ("labels_unused", "read_columns")  # reader options only flowrec sets (flowrec predict, flowrec.cli.predict_cmd)
 
 
 def _history_lengths(view: DocView, data: dict, columns: dict) -> list[SpecIssue]:

@@ -34,7 +34,7 @@ def test_criteo_rows_missing_and_deterministic(shared_data, repo, tmp_path):
     src = shared_data / "criteo" / "criteo_kaggle_head1000.tsv"
     spec = criteo_spec(repo)
     r1 = convert(spec, "criteo", [src], tmp_path / "a", rows_per_file=300)
-    r2 = convert(spec, "criteo", [src], tmp_path / "b")
+    convert(spec, "criteo", [src], tmp_path / "b")
     assert r1.rows == 1000 and r1.files == 4 and r1.errors == 0
     a, b = pq.read_table(tmp_path / "a"), pq.read_table(tmp_path / "b")
     assert a.equals(b)
@@ -227,7 +227,8 @@ def test_a_vocab_too_small_for_the_data_is_a_warning_and_a_fitting_one_is_not(tm
     values and what share of its occurrences (the CLI on stderr); min_freq's rare values do not count."""
     rng = np.random.default_rng(11)
     users = rng.zipf(1.4, 3000) % 500
-    lines = ["user,label"] + [f"u{u},{int(rng.random() < 0.4)}" for u in users]
+    lines = ["id,user,label"] + [f"{i},u{u},{int(rng.random() < 0.4)}" for i, u in enumerate(users)]  # rows of
+    # their own (a row alike in every column is a copy: a warning of its own)
     (tmp_path / "rows.csv").write_text("\n".join(lines) + "\n")
     data = {"format": "csv", "label": "label"}
 

@@ -14,7 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from flowrec.cli import app
-from flowrec.data.convert import split_mask
+from flowrec.data.convert import split_by_hash
+from flowrec.data.duplicates import row_hashes
 from flowrec.data.error_log import ErrorLog
 from flowrec.data.sources import read_movielens
 
@@ -24,7 +25,7 @@ runner = CliRunner()
 def _test_rows_as_csv(shared_data: Path, out: Path) -> Path:
     """The raw rows of the seeded 20 % test split, as a CSV file (genres joined by '^')."""
     (table,) = list(read_movielens(shared_data / "movielens-100k", {}, ErrorLog(), set()))
-    test = table.filter(pa.array(split_mask(0, table.num_rows, 0.2, 0)))
+    test = table.filter(pa.array(split_by_hash(row_hashes(table), 0.2, 0)))  # the seeded split's rule 3
     genres = pc.binary_join(test.column("genres"), "^")
     keep = [c for c in test.column_names if c != "genres" and not c.startswith("__")]
     path = out / "test_rows.csv"
@@ -87,7 +88,7 @@ def test_encoder_from_gives_the_scores_of_the_run_s_own_test_split(movielens_run
     split = _eval(movielens_run["run"], movielens_run["root"] / "data" / "test")
     assert good.exit_code == 0 and split.exit_code == 0, good.output + split.output
     (a,), (b,) = json.loads(good.stdout).values(), json.loads(split.stdout).values()
-    assert a["samples"] == b["samples"] == 19_877  # the seeded 80/20 split of ffdac45
+    assert a["samples"] == b["samples"] == 20_033  # the seeded 80/20 split by rule 3 (19,877 by ffdac45's rule 2)
     assert a["auc"] == pytest.approx(b["auc"], abs=1e-9) and a["auc"] > 0.75
     # the silent failure the check prevents: the same rows under their own vocabulary
     own = movielens_run["root"] / "own_vocab_scored"

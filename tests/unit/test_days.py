@@ -557,3 +557,41 @@ def test_follow_names_each_entry_it_skips_once_and_trains_the_days(tmp_path: Pat
         assert len(named) == 1 and named[0].startswith(why), (name, said)
     assert len(said) == 1 and "skipped 6 entries" in said[0], said
     assert ".hidden" not in said[0] and "_tmp" not in said[0]
+
+
+def test_follow_lists_the_days_folder_once_a_look(tmp_path: Path, monkeypatch, capsys):
+    """Each look of `--follow` for a new day listed DAYS three times (the days that landed, twice,
+    and the entries to name as skipped): once a look is enough, and the days still train and the
+    skipped entries are still named."""
+    from types import SimpleNamespace
+
+    from flowrec.cli import follow as follow_mod
+
+    rng = np.random.default_rng()
+    days, stream, trained = _stream(tmp_path, monkeypatch, ["day1", "day2"])
+    (stream / "days" / "day1").mkdir(parents=True)
+    (stream / "follow.json").write_text(json.dumps({"days": ["day1"], "order": "name", "names": "natural"}))
+    stray = f"stray{rng.integers(1000)}.csv"
+    (days / stray).write_text("a,b\n1,2\n")
+    polls = int(rng.integers(3, 9))
+    now, looks, listed = [0.0], [0], []
+    iterdir = Path.iterdir
+
+    def counted(self: Path):
+        if self == days:
+            listed.append(self)
+        return iterdir(self)
+
+    def sleep(seconds: float) -> None:  # every wait ends a look
+        looks[0] += 1
+        now[0] += follow_mod.POLL_S
+
+    monkeypatch.setattr(Path, "iterdir", counted)
+    monkeypatch.setattr(follow_mod, "time", SimpleNamespace(monotonic=lambda: now[0], sleep=sleep))
+    follow_mod.follow(_Request(Path("spec.yaml"), stream), days, polls * follow_mod.POLL_S, False,
+                      lambda request: trained.append(request.out.name) or request.out.mkdir(parents=True))
+    assert trained == ["day2"]
+    looks_made = looks[0] + 2  # the look that found day2, the waits' looks, the last look that gave up
+    assert looks[0] >= polls - 1 and len(listed) == looks_made, (looks[0], len(listed))
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert len(said) == 1 and f"{stray} (a file" in said[0], said

@@ -1354,22 +1354,40 @@ def test_a_number_written_as_spaces_is_missing_as_an_empty_field_is(tmp_path: Pa
     assert messages[0] == messages[1] and "non-numeric" not in messages[1]
 
 
-@pytest.mark.parametrize("key, value", [("read_columns", ["price"]), ("labels_unused", True)])
-def test_a_reader_option_only_predict_sets_is_refused_in_a_spec(key: str, value: object) -> None:
-    """data.options is the spec's one open mapping, passed to the reader as is, and predict passes
-    its own reads there (`read_columns`: the package's columns only; `labels_unused`: rows may lack
-    labels): a spec setting one validated, and convert and train read by it (only some columns, or
-    rows without their label kept). Such a key is refused at validate, naming it."""
+def test_a_spec_cannot_make_convert_read_only_some_columns_or_rows_without_labels(tmp_path: Path) -> None:
+    """flowrec predict passed its own reads (only the package's columns; rows may lack their label)
+    through data.options, the spec's one open mapping, so a spec setting `read_columns` or
+    `labels_unused` made convert and train read so (82f1fa3 refused the two keys at validate). They
+    are a reader argument of predict's now (`Scoring`): in a spec they are options no reader reads,
+    and convert reads every column and refuses a row without its label as before."""
+    import pyarrow.parquet as pq
+
     from flowrec.spec.validate import validate_document
 
+    rng = np.random.default_rng()
+    n = int(rng.integers(40, 80))
+    prices = np.round(rng.lognormal(2.0, 1.5, n), 3)
+    users = rng.zipf(1.6, n) % 1000
+    labels = (rng.random(n) < 0.2).astype(int)
+    path = tmp_path / "x.csv"
+    path.write_text("price,user,clicked\n" + "".join(f"{p},u{u},{c}\n" for p, u, c in zip(prices, users, labels)))
+    internal = {"read_columns": ["price"], "labels_unused": True}
     doc = {"name": "opts", "features": [{"name": "price", "type": "dense"},
                                         {"name": "user", "type": "categorical", "hash_buckets": 64, "dim": 4}],
            "modules": [{"name": "top", "kind": "mlp", "inputs": ["@dense", "@sparse"], "layers": [4]}],
            "heads": [{"name": "ctr", "input": "top"}],
-           "data": {"format": "csv", "path": "x.csv", "label": "clicked", "options": {key: value, "sep": ","}},
+           "data": {"format": "csv", "path": "x.csv", "label": "clicked", "options": {**internal, "sep": ","}},
            "optimizer": {"dense": {"name": "adam", "lr": 0.01}, "sparse": {"name": "sgd", "lr": 0.1}},
            "training": {"batch_size": 8}}
-    issues = [(i.path, i.message) for i in validate_document(doc)]
-    assert [path for path, _ in issues] == [f"data.options.{key}"] and "remove it" in issues[0][1]
-    del doc["data"]["options"][key]
-    assert validate_document(doc) == []  # the reader's own options pass
+    assert validate_document(doc) == []  # other options of no reader, as any unknown key
+    convert(_spec(options={**internal}), "csv", [path], tmp_path / "with")
+    convert(_spec(), "csv", [path], tmp_path / "plain")
+    with_options, plain = pq.read_table(tmp_path / "with"), pq.read_table(tmp_path / "plain")
+    assert with_options.num_rows == n and with_options.equals(plain)  # user read and encoded alike
+    assert len(set(with_options.column("user").to_pylist())) > 1
+    gap = int(rng.integers(0, n))
+    lines = path.read_text().splitlines()
+    lines[gap + 1] = lines[gap + 1].rsplit(",", 1)[0] + ","  # that row's label left empty
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError, match=f"x.csv:{gap + 2}: missing label"):
+        convert(_spec(options={**internal}), "csv", [path], tmp_path / "unlabelled")

@@ -1899,7 +1899,8 @@ def test_an_accuracy_at_k_covering_the_classes_that_occur_is_warned_of(tmp_path:
     the model ranks the sixth (which never occurs) last: accuracy_at_k was 1.0 without a word. Now
     train's evaluations, `flowrec eval` and `Run.evaluate` warn, naming k and the classes (rows of
     all 6 classes: no warning); the metrics report `classes`, the classes the rows hold."""
-    rows = ["user,genre"] + [f"u{i % 9},{i % classes}" for i in range(300)]
+    rows = ["id,user,genre"] + [f"{i},u{i % 9},{i % classes}" for i in range(300)]  # each row its own (the split
+    # draws a row's side from its values: 18 distinct rows were 18 draws)
     (tmp_path / "raw.csv").write_text("\n".join(rows) + "\n")
     spec = tmp_path / "mc.yaml"
     spec.write_text(

@@ -1,7 +1,9 @@
 """A split conversion fits its encoder on its train rows alone: a value seen only in test rows has
 no vocabulary row, a `standardize` feature's mean and std are those of the train rows (computed
 here from the raw CSV with numpy), for a seeded split, a `split_by` time cutoff and with
-`--encoder-from` growth; the split itself is the one `split_mask` (or the cutoff) draws, as before."""
+`--encoder-from` growth; the split itself is the one `split_mask` (rule 2, by row index: the rows
+here are made for their side, so the rule that a run of before rule 3 still splits by) or the cutoff
+draws, as before."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from flowrec.data.convert import convert, split_mask
+from flowrec.data.convert import INDEX_SPLIT_RULE, convert, split_mask
 from flowrec.data.encode import DenseStats, Encoder
 from flowrec.data.layout import DataError, read_meta
 from flowrec.spec import spec_from_dict
@@ -75,10 +77,10 @@ def _check_fitted_on_train(out: Path, raw: Path, test: np.ndarray) -> None:
 
 @pytest.mark.parametrize("seed", [0, 1, 7])
 def test_a_seeded_split_fits_on_its_train_rows_and_splits_as_before(tmp_path, seed):
-    test = split_mask(0, ROWS, 0.25, seed)  # the rule every flowrec since 2026-12-05 splits by
+    test = split_mask(0, ROWS, 0.25, seed)  # rule 2, which flowrecs of 2026-12-05 and 06 split by
     raw = _csv(tmp_path, test)
     report = convert(_spec(test_fraction=0.25, split_seed=seed), "csv", [raw], tmp_path / "out",
-                     rows_per_file=37)  # part files of other sizes than the read chunks: same split
+                     rows_per_file=37, split_rule=INDEX_SPLIT_RULE)  # part files of other sizes than the read chunks
     assert report.split == {"train": int((~test).sum()), "test": int(test.sum())}
     _check_fitted_on_train(tmp_path / "out", raw, test)
 
@@ -106,7 +108,7 @@ def test_growth_with_a_given_encoder_takes_values_of_train_rows_only(tmp_path):
     raw = _csv(tmp_path, test)
     given = Encoder(spec, {}, {"t": pa.array(["v0", "v1"], pa.string())}, {})
     report = convert(spec, "csv", [raw], tmp_path / "out", encoder=given,
-                     options={"test_fraction": 0.25, "split_seed": 0})
+                     options={"test_fraction": 0.25, "split_seed": 0}, split_rule=INDEX_SPLIT_RULE)
     assert report.growth[0].added == 3  # v2, v3, v4: no test row's own value
     vocab = pq.read_table(tmp_path / "out" / "train" / "_vocab" / "t.parquet").column("value").to_pylist()
     assert vocab == ["v0", "v1", "v2", "v3", "v4"]
@@ -126,7 +128,7 @@ def test_a_row_dropped_as_unencodable_keeps_the_other_rows_sides(tmp_path):
     given = Encoder(spec, {}, {"c": pa.array(["v0"], pa.string())},
                     {"x": DenseStats(0.0, 1e-3)})
     report = convert(spec, "csv", [raw], tmp_path / "out", encoder=given, grow=False, on_error="skip",
-                     options={"test_fraction": 0.5, "split_seed": 0})
+                     options={"test_fraction": 0.5, "split_seed": 0}, split_rule=INDEX_SPLIT_RULE)
     assert report.errors == 1
     kept = np.ones(60, bool)
     kept[3] = False
@@ -140,7 +142,7 @@ def test_a_split_of_only_test_rows_is_the_empty_train_split_line(tmp_path):
     assert test.all()
     raw = _csv(tmp_path, test)
     with pytest.raises(DataError, match="into the train split: change test_fraction or split_seed"):
-        convert(_spec(test_fraction=0.99, split_seed=0), "csv", [raw], tmp_path / "out")
+        convert(_spec(test_fraction=0.99, split_seed=0), "csv", [raw], tmp_path / "out", split_rule=INDEX_SPLIT_RULE)
     assert not (tmp_path / "out").exists()
 
 
