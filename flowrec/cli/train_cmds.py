@@ -447,10 +447,11 @@ def _exit_finished_rank() -> None:
     exit_without_teardown(0)
 
 
-def _rank_barrier(world, what: str) -> None:
-    """Wait for every rank; a rank that died or hung is one line and exit status 4."""
+def _rank_agree(world, flag: bool, what: str) -> bool:
+    """Whether any rank's `flag` is set, once every rank has come here (a barrier that tells the
+    others of a failure); a rank that died or hung is one line and exit status 4."""
     try:
-        world.barrier()
+        return world.any(flag)
     except RuntimeError as exc:
         fail(f"{_rank_lost(world, exc)} while waiting for {what}", EXIT_RANK_FAILED)
 
@@ -684,19 +685,31 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
                 and not _same_class_files(state, folder, trained, whole=True, world=world):
             _refuse(_spec_changed_line(request.spec_path, folder, state, trained), world)
 
+    preparing = [False]  # rank 0 between `before` and `after`: the others wait to learn how its data went
+
     def before() -> None:  # rank 0 encodes bound data into the run folder first
-        if world is not None and not world.lead:
-            _rank_barrier(world, "rank 0 to prepare the data")
+        if world is not None and not world.lead and _rank_agree(world, False, "rank 0 to prepare the data"):
+            raise typer.Exit(0)  # rank 0 refused the data in its line; the launch's status is its 2
+        preparing[0] = world is not None and world.lead
 
     def after() -> None:
         if world is not None and world.lead:
-            _rank_barrier(world, "the other ranks to build their model")
+            preparing[0] = False
+            _rank_agree(world, False, "the other ranks to build their model")
 
     # a resumed run, or one started from another (the same plan), loads every table from a checkpoint
     # next (each rank its rows: a sharded checkpoint's shards cover every row once): nothing is drawn
-    with restoring_tables() if state is not None or parent is not None else nullcontext():
-        session = start_session(spec, request.spec_path, settings, folder, plan, device, _say, world, before, after,
-                                resumed=request.resume is not None)
+    try:
+        with restoring_tables() if state is not None or parent is not None else nullcontext():
+            session = start_session(spec, request.spec_path, settings, folder, plan, device, _say, world, before,
+                                    after, resumed=request.resume is not None)
+    except Exception:
+        if preparing[0]:  # rank 0's data failed (a file of no test rows, a malformed row): its line alone says so,
+            try:  # where each other rank added 'another rank failed (gloo's words)' while it waited
+                world.any(True)
+            except RuntimeError:
+                pass
+        raise
     _say(session.data_note)
     rows = sum(session.train.partition_rows())
     if state is not None and settings.get("train_rows") not in (None, rows):
