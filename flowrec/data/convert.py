@@ -582,9 +582,9 @@ def _close_columns(header: list[str], missing: list[str], needed: list[str], col
     (case aside), as a typo in the spec's name or in its data.columns mapping; "" for none.
 
     >>> _close_columns(["clk", "userid", "click_sequence"], ["click_sequense"], ["clk", "click_sequense"], {})
-    "the input has 'click_sequence': correct the spec's name 'click_sequense', or map it with data.columns: {click_sequense: click_sequence}"
+    "is 'click_sequense' the input's 'click_sequence' (read by no feature or label)? correct the spec's name, or map it with data.columns: {click_sequense: click_sequence}"
     >>> _close_columns(["clk", "userid"], ["user_id"], ["clk", "user_id"], {"user": "user_id"})
-    "data.columns maps 'user' to 'user_id', but the input has 'userid'"
+    "data.columns maps 'user' to 'user_id': is it the input's 'userid' (read by no feature or label)?"
     >>> _close_columns(["id", "clk"], ["user"], ["clk", "user"], {})
     ''
     """
@@ -599,10 +599,11 @@ def _close_columns(header: list[str], missing: list[str], needed: list[str], col
         found = unread.pop(close[0])
         mapped = [name for name, target in columns.items() if target == column and name != column]
         if mapped:
-            notes.append(f"data.columns maps {mapped[0]!r} to {column!r}, but the input has {found!r}")
+            notes.append(f"data.columns maps {mapped[0]!r} to {column!r}: is it the input's {found!r} (read by no "
+                         f"feature or label)?")
         else:
-            notes.append(f"the input has {found!r}: correct the spec's name {column!r}, or map it with "
-                         f"data.columns: {{{column}: {found}}}")
+            notes.append(f"is {column!r} the input's {found!r} (read by no feature or label)? correct the spec's "
+                         f"name, or map it with data.columns: {{{column}: {found}}}")
     return "; ".join(notes)
 
 

@@ -509,12 +509,12 @@ def test_a_spec_name_close_to_a_column_the_input_has_names_that_column(tmp_path:
     path = tmp_path / "rows.csv"
     path.write_text(",".join(header) + "\n" + rows)
     typo = csv_spec("ingest", label="clicks")
-    with pytest.raises(DataError, match=r"the input has 'clicked': correct the spec's name 'clicks', or map it with "
-                                        r"data.columns: \{clicks: clicked\}") as caught:
+    with pytest.raises(DataError, match=r"is 'clicks' the input's 'clicked' \(read by no feature or label\)\? correct "
+                                        r"the spec's name, or map it with data.columns: \{clicks: clicked\}") as caught:
         convert(typo, "csv", [path], tmp_path / "a")
     assert "x11']...)" in str(caught.value)  # the columns shown, more of them left out
     mapped = csv_spec("ingest", columns={"user": "user_id"})
-    with pytest.raises(DataError, match=r"data.columns maps 'user' to 'user_id', but the input has 'user'"):
+    with pytest.raises(DataError, match=r"data.columns maps 'user' to 'user_id': is it the input's 'user' "):
         convert(mapped, "csv", [path], tmp_path / "b")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
     path.write_text("price,user,clicked\n" + "".join(f"{rng.lognormal():.3f},u{i},{i % 2}\n" for i in range(9)))
