@@ -719,7 +719,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
              f"{at.get('batch')}, is a place in those); put that data back to continue, or train on this data in a "
              f"new run from this one: --init-from {folder} --out NEW")
     settings["train_rows"] = rows  # recorded in run.json: a resume checks its data against it
-    _check_loop_settings(session)
+    _check_loop_settings(session, settings.get("data"))
     if world is None or world.lead:
         record_encoder(session, folder, request.resume is not None,
                        settings.get("init_from") if state is None else None, _say)
@@ -828,14 +828,19 @@ def _sharding_line(plan) -> str:
         or "no embedding groups (dense parameters replicated)"
 
 
-def _check_loop_settings(session) -> None:
+def _check_loop_settings(session, data: str | None = None) -> None:
     """Say what the run will not do: evaluate (no test split), log to TensorBoard (not installed).
-    (Early stopping without evaluations is refused when the session starts: `runs.start`.)"""
+    (Early stopping without evaluations is refused when the session starts: `runs.start`.) `data`:
+    --data, whose split's test part beside it (`--data DIR/train`) is named as the folder to give."""
+    from flowrec.data.owners import META_FILE
     from flowrec.runtime.run_log import tensorboard_available
 
     if session.eval is None:
-        _say("no evaluation set (the data has no test split and no --eval-data was given): evaluation is "
-             "skipped; give --eval-data DIR to evaluate")
+        test = Path(data).parent / "test" if data and Path(data).name == "train" else None
+        give = (f"give --eval-data {test} (the test part beside {data}), or --data {test.parent} for both parts"
+                if test is not None and (test / META_FILE).is_file() else "give --eval-data DIR to evaluate")
+        _say(f"no evaluation set (the data has no test split and no --eval-data was given): evaluation is "
+             f"skipped; {give}")
     if not tensorboard_available():
         _say("TensorBoard is not installed: metrics go to metrics.jsonl only "
              "(pip install 'flowrec[tensorboard]' to also log them for TensorBoard)")
