@@ -57,6 +57,8 @@ def did_you_mean(word: Any, candidates: Iterable[str]) -> str:
     names = sorted(set(candidates))
     same = [n for n in names if n.lower() == word.lower()]  # `A100` is a100, which difflib ties with h100
     meant = [n for n in names if n == SYNONYMS.get(word.lower())]  # a GPU is cuda, not the cpu it looks like
+    if word.lower() in SYNONYMS and not same and not meant:
+        return ""  # `--target gpu` (cpu, a100, h100): none means a GPU the way it reads, the cpu least
     close = same or meant or difflib.get_close_matches(word, names, n=1, cutoff=0.6)
     if not close:  # batch_norm -> norm, dropout_rate -> dropout: a known name as one of its words
         words = set(re.split(r"[_\-\s]+", word.lower()))

@@ -254,7 +254,7 @@ def test_a_gpu_asked_for_as_gpu_is_pointed_to_cuda_not_to_the_cpu_it_looks_like(
         assert did_you_mean(word, ["auto", "cpu", "cuda"]) == " (did you mean 'cuda'?)"
         assert device_problem(word).endswith("(did you mean 'cuda'?)")
     assert did_you_mean("cpy", ["auto", "cpu", "cuda"]) == " (did you mean 'cpu'?)"  # a look-alike as before
-    assert did_you_mean("gpu", ["auto", "cpu"]) == " (did you mean 'cpu'?)"  # no cuda to mean: as before
+    assert did_you_mean("gpu", ["cpu", "a100", "h100"]) == ""  # `--target gpu`: no choice means it, the cpu least
     spec = {"name": "x", "features": [{"name": "a", "type": "categorical", "vocab": 5, "dim": 4}],
             "modules": [{"name": "m", "kind": "mlp", "inputs": ["@sparse"], "layers": [4]}],
             "heads": [{"name": "h", "input": "m", "task": "binary"}], "plan": {"device": "gpu"}}
