@@ -278,7 +278,8 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
                       f"row of {'data=' + str(settings['data']) if settings['data'] else 'the data the spec binds'} "
                       "(max_steps=N stops it sooner)", UserWarning, stacklevel=2)
     found, refused = folder_state(folder), False
-    lock = claim_run_folder(folder, None, overwrite, model_spec.name, "overwrite=True")[1] if folder else None
+    lock = claim_run_folder(folder, None, overwrite, model_spec.name, "overwrite=True",
+                            _resume_command(spec, folder))[1] if folder else None
     try:
         # the same plan as `flowrec train` (sampled access profile of the data included) and the same run.json
         plan, dev = plan_for_run(model_spec, settings["device"], settings["device_budget"], None,
@@ -358,6 +359,18 @@ def _warn_covered_classes(metrics: Metrics) -> Metrics:
     return metrics
 
 
+def _resume_command(spec: str | Path | ModelSpec, folder: Path) -> str:
+    """The command that continues the run in `folder` (Python has no resume; the command line has).
+
+    >>> _resume_command("tiny.yaml", Path("runs/tiny"))
+    '`flowrec train tiny.yaml --resume runs/tiny`'
+    """
+    from flowrec.runtime.messages import shell_word
+
+    given = shell_word(str(spec)) if not isinstance(spec, ModelSpec) else "SPEC"
+    return f"`flowrec train {given} --resume {shell_word(str(folder))}`"
+
+
 def _interrupted_line(step: int, spec: str | Path | ModelSpec, folder: Path | None) -> str:
     """What a `KeyboardInterrupt` out of `train` says: where the run stopped and how to go on.
 
@@ -366,11 +379,8 @@ def _interrupted_line(step: int, spec: str | Path | ModelSpec, folder: Path | No
     """
     if folder is None:
         return f"training interrupted after step {step} (out=None: nothing was kept)"
-    from flowrec.runtime.messages import shell_word
-
-    given = shell_word(str(spec)) if not isinstance(spec, ModelSpec) else "SPEC"
     return (f"training interrupted after step {step}; its checkpoint is in {folder}: flowrec.load({str(folder)!r}) "
-            f"scores it, `flowrec train {given} --resume {shell_word(str(folder))}` continues it")
+            f"scores it, {_resume_command(spec, folder)} continues it")
 
 
 def _check_kinds(**arguments: tuple[Any, str]) -> None:

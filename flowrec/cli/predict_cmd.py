@@ -221,6 +221,10 @@ def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: l
                 absent = [c for c in keep if c not in chunk.column_names or c == LINE_COLUMN]  # (the reader's own)
                 if absent:
                     has = [c for c in chunk.column_names if c != LINE_COLUMN][:12]  # not the reader's own
+                    parts = absent[0].split(",")
+                    if len(parts) > 1 and all(part.strip() in chunk.column_names for part in parts):
+                        raise ValueError(f"--keep {absent[0]}: no such column in {raw}; --keep takes one column, "
+                                         f"give it once per column: {' '.join('--keep ' + p.strip() for p in parts)}")
                     raise ValueError(f"--keep {absent[0]}: no such column in {raw} (has {', '.join(has)})")
                 try:
                     scores = model.predict(chunk) if top_k is None else model.recommend(chunk, top_k)

@@ -447,10 +447,11 @@ def _exit_finished_rank() -> None:
     exit_without_teardown(0)
 
 
-def _rank_barrier(world, what: str) -> None:
-    """Wait for every rank; a rank that died or hung is one line and exit status 4."""
+def _rank_agree(world, flag: bool, what: str) -> bool:
+    """Whether any rank's `flag` is set, once every rank has come here (a barrier that tells the
+    others of a failure); a rank that died or hung is one line and exit status 4."""
     try:
-        world.barrier()
+        return world.any(flag)
     except RuntimeError as exc:
         fail(f"{_rank_lost(world, exc)} while waiting for {what}", EXIT_RANK_FAILED)
 
@@ -684,19 +685,31 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
                 and not _same_class_files(state, folder, trained, whole=True, world=world):
             _refuse(_spec_changed_line(request.spec_path, folder, state, trained), world)
 
+    preparing = [False]  # rank 0 between `before` and `after`: the others wait to learn how its data went
+
     def before() -> None:  # rank 0 encodes bound data into the run folder first
-        if world is not None and not world.lead:
-            _rank_barrier(world, "rank 0 to prepare the data")
+        if world is not None and not world.lead and _rank_agree(world, False, "rank 0 to prepare the data"):
+            raise typer.Exit(0)  # rank 0 refused the data in its line; the launch's status is its 2
+        preparing[0] = world is not None and world.lead
 
     def after() -> None:
         if world is not None and world.lead:
-            _rank_barrier(world, "the other ranks to build their model")
+            preparing[0] = False
+            _rank_agree(world, False, "the other ranks to build their model")
 
     # a resumed run, or one started from another (the same plan), loads every table from a checkpoint
     # next (each rank its rows: a sharded checkpoint's shards cover every row once): nothing is drawn
-    with restoring_tables() if state is not None or parent is not None else nullcontext():
-        session = start_session(spec, request.spec_path, settings, folder, plan, device, _say, world, before, after,
-                                resumed=request.resume is not None)
+    try:
+        with restoring_tables() if state is not None or parent is not None else nullcontext():
+            session = start_session(spec, request.spec_path, settings, folder, plan, device, _say, world, before,
+                                    after, resumed=request.resume is not None)
+    except Exception:
+        if preparing[0]:  # rank 0's data failed (a file of no test rows, a malformed row): its line alone says so,
+            try:  # where each other rank added 'another rank failed (gloo's words)' while it waited
+                world.any(True)
+            except RuntimeError:
+                pass
+        raise
     _say(session.data_note)
     rows = sum(session.train.partition_rows())
     if state is not None and settings.get("train_rows") not in (None, rows):
@@ -706,7 +719,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
              f"{at.get('batch')}, is a place in those); put that data back to continue, or train on this data in a "
              f"new run from this one: --init-from {folder} --out NEW")
     settings["train_rows"] = rows  # recorded in run.json: a resume checks its data against it
-    _check_loop_settings(session)
+    _check_loop_settings(session, settings.get("data"))
     if world is None or world.lead:
         record_encoder(session, folder, request.resume is not None,
                        settings.get("init_from") if state is None else None, _say)
@@ -815,14 +828,19 @@ def _sharding_line(plan) -> str:
         or "no embedding groups (dense parameters replicated)"
 
 
-def _check_loop_settings(session) -> None:
+def _check_loop_settings(session, data: str | None = None) -> None:
     """Say what the run will not do: evaluate (no test split), log to TensorBoard (not installed).
-    (Early stopping without evaluations is refused when the session starts: `runs.start`.)"""
+    (Early stopping without evaluations is refused when the session starts: `runs.start`.) `data`:
+    --data, whose split's test part beside it (`--data DIR/train`) is named as the folder to give."""
+    from flowrec.data.owners import META_FILE
     from flowrec.runtime.run_log import tensorboard_available
 
     if session.eval is None:
-        _say("no evaluation set (the data has no test split and no --eval-data was given): evaluation is "
-             "skipped; give --eval-data DIR to evaluate")
+        test = Path(data).parent / "test" if data and Path(data).name == "train" else None
+        give = (f"give --eval-data {test} (the test part beside {data}), or --data {test.parent} for both parts"
+                if test is not None and (test / META_FILE).is_file() else "give --eval-data DIR to evaluate")
+        _say(f"no evaluation set (the data has no test split and no --eval-data was given): evaluation is "
+             f"skipped; {give}")
     if not tensorboard_available():
         _say("TensorBoard is not installed: metrics go to metrics.jsonl only "
              "(pip install 'flowrec[tensorboard]' to also log them for TensorBoard)")

@@ -55,6 +55,7 @@ from flowrec.spec.model import ModelSpec
 ROWS_PER_FILE = 1 << 20  # rows per Parquet part file
 ROW_GROUP_ROWS = 1 << 14  # rows per Parquet row group: the unit a rank reads (1/8 of a shuffle chunk)
 FORMAT_LABEL = {"avazu_csv": "click"}  # source label column when the spec names none
+MAP_COLUMNS = "map them with data.columns"  # the hint for missing columns when nothing more is known
 SPLIT_MIX = np.uint64(0x9E3779B97F4A7C15)  # golden-ratio increment of splitmix64
 # the seeded split's rule, recorded with it (`split_rule`) since 2026-12-06: 3 is `split_by_hash`'s
 # (a row's side drawn from its values: exact copies of a row land on its side); 2 is `split_mask`'s
@@ -591,13 +592,48 @@ def _check_separators(chunk: pa.Table, spec: ModelSpec, columns: dict[str, str],
 
 
 def _check_columns(chunk: pa.Table, spec: ModelSpec, columns: dict[str, str], path: Path) -> None:
-    needed = [columns.get(f.name, f.name) for f in spec.features]
-    needed += [columns.get(c, c) for c in unique_labels(spec)]
+    names = [f.name for f in spec.features] + list(unique_labels(spec))  # the spec's names of columns
+    needed = [columns.get(name, name) for name in names]
     missing = [c for c in needed if c not in chunk.column_names]
     if missing:
-        has = [name[:40] for name in chunk.column_names[:12] if name != LINE_COLUMN]
+        header = [name for name in chunk.column_names if name != LINE_COLUMN]
+        has = [name[:40] for name in header[:12]]
+        more = "..." if len(header) > 12 else ""
+        hint = _separator_hint(chunk.column_names, needed)
+        if hint == MAP_COLUMNS:  # nothing wrong with the header itself: a name the spec got wrong?
+            hint = _close_columns(header, missing, needed, columns) or hint
         raise DataError(f"{path}: columns {missing} required by spec {spec.name!r} not in the input "
-                        f"(has {has}...); {_separator_hint(chunk.column_names, needed)}")
+                        f"(has {has}{more}); {hint}")
+
+
+def _close_columns(header: list[str], missing: list[str], needed: list[str], columns: dict[str, str]) -> str:
+    """For each missing column, the input's column of a close name that the spec does not read
+    (case aside), as a typo in the spec's name or in its data.columns mapping; "" for none.
+
+    >>> _close_columns(["clk", "userid", "click_sequence"], ["click_sequense"], ["clk", "click_sequense"], {})
+    "is 'click_sequense' the input's 'click_sequence' (read by no feature or label)? correct the spec's name, or map it with data.columns: {click_sequense: click_sequence}"
+    >>> _close_columns(["clk", "userid"], ["user_id"], ["clk", "user_id"], {"user": "user_id"})
+    "data.columns maps 'user' to 'user_id': is it the input's 'userid' (read by no feature or label)?"
+    >>> _close_columns(["id", "clk"], ["user"], ["clk", "user"], {})
+    ''
+    """
+    import difflib
+
+    unread = {name.lower(): name for name in header if name not in needed}
+    notes = []
+    for column in missing:
+        close = difflib.get_close_matches(column.lower(), list(unread), n=1, cutoff=0.6)
+        if not close:
+            continue
+        found = unread.pop(close[0])
+        mapped = [name for name, target in columns.items() if target == column and name != column]
+        if mapped:
+            notes.append(f"data.columns maps {mapped[0]!r} to {column!r}: is it the input's {found!r} (read by no "
+                         f"feature or label)?")
+        else:
+            notes.append(f"is {column!r} the input's {found!r} (read by no feature or label)? correct the spec's "
+                         f"name, or map it with data.columns: {{{column}: {found}}}")
+    return "; ".join(notes)
 
 
 def _check_id_columns(chunk: pa.Table, spec: ModelSpec, columns: dict[str, str], path: Path, text: bool) -> None:
@@ -666,7 +702,7 @@ def _separator_hint(names: list[str], needed: list[str]) -> str:
     if sep is not None:
         shown = '"\\t"' if sep == "\t" else f"'{sep}'"  # as YAML writes it
         return f"the header looks {shown}-separated: set data.options.sep: {shown} in the spec"
-    return "map them with data.columns"
+    return MAP_COLUMNS
 
 
 def _finish(spec: ModelSpec, encoder: Encoder, writer: PartWriter, fmt: str, inputs: list[Path],

@@ -103,6 +103,16 @@ MINUS_ONE = ("; labels written -1/+1? only libsvm and libfm read -1 as 0: write 
              "these rows would drop the class)")
 
 
+def one_based(classes: int) -> str:
+    """What a multiclass label equal to `classes` (one past the last index) most likely means.
+
+    >>> one_based(5)
+    '; classes numbered 1 .. 5? a class index counts from 0: write each label less 1, or give num_classes: 6 (skipping these rows would drop the class)'
+    """
+    return (f"; classes numbered 1 .. {classes}? a class index counts from 0: write each label less 1, or give "
+            f"num_classes: {classes + 1} (skipping these rows would drop the class)")
+
+
 def check_labels(table: pa.Table, tasks: dict[str, str], log: ErrorLog,
                  plus_minus: bool, spaces: dict[str, tuple[tuple[str, float], ...]] | None = None
                  ) -> tuple[pa.Table, int]:
@@ -146,9 +156,10 @@ def check_labels(table: pa.Table, tasks: dict[str, str], log: ErrorLog,
             missing = table.column(name)[i].as_py() is None
             what = "sample weight" if task == "weight" else "label"
             minus_one = task == "binary" and y[i] == -1  # not plus_minus: a -1/+1 file, whose -1 rows skip would drop
+            past_last = task.startswith("multiclass:") and y[i] == int(task.split(":")[1])  # 1-based classes
+            hint = MINUS_ONE if minus_one else one_based(int(task.split(":")[1])) if past_last else ""
             log.add(int(lines[i]), f"missing {what} in column {name}" if missing else
-                    f"{what} {float(y[i])!r} in column {name}: {reason}"
-                    + (MINUS_ONE if minus_one else ""), skippable=not minus_one)
+                    f"{what} {float(y[i])!r} in column {name}: {reason}{hint}", skippable=not hint)
     mapped = sum(int(np.count_nonzero(is_minus & ~bad)) for is_minus in minus.values())
     none = np.zeros(table.num_rows, bool)
     for name in dict.fromkeys([*minus, *unread]):

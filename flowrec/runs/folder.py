@@ -20,12 +20,13 @@ from flowrec.runtime.rundir import (
 
 
 def claim_run_folder(out: Path | None, resume: Path | None, overwrite: bool, name: str,
-                     replace_with: str = "--overwrite") -> tuple[Path, Any]:
+                     replace_with: str = "--overwrite", resume_with: str | None = None) -> tuple[Path, Any]:
     """(folder, lock) of a run: `resume`'s folder (it must hold a run's run.json, and may hold its
     checkpoint only with it: without its settings a resume trained the defaults' data), else `out`
     (new, empty, or a run folder; one holding a run needs `overwrite`), else runs/<name>, numbered
     if taken. Raises `RunFolderError` (one line; `replace_with` names how the caller replaces a
-    run: the CLI's flag or the API's argument); release the lock when the run ends.
+    run: the CLI's flag or the API's argument, and `resume_with` how it continues the run in `out`, by
+    default `--resume OUT`: the API has no resume, the command line does); release the lock when the run ends.
 
     A folder whose checkpoint.pt was lost (deleted, moved) after the run wrote it
     (`flowrec.runtime.rundir.lost_checkpoint`) is neither resumed from step 0 nor trained into
@@ -60,12 +61,12 @@ def claim_run_folder(out: Path | None, resume: Path | None, overwrite: bool, nam
                              f"or new folder")
     lock = open_folder(out)
     if not overwrite:
-        _refuse_lost_checkpoint(out, lock, f"put it back and continue with --resume {out}, or replace "
-                                           f"the run with {replace_with}")
+        _refuse_lost_checkpoint(out, lock, f"put it back and continue with {resume_with or f'--resume {out}'}, "
+                                           f"or replace the run with {replace_with}")
     if has_run(out) and not overwrite:
         lock.release()
         raise RunFolderError(f"{out} already holds a run (checkpoint.pt): continue it with "
-                             f"--resume {out}, or replace it with {replace_with}")
+                             f"{resume_with or f'--resume {out}'}, or replace it with {replace_with}")
     return out, lock
 
 

@@ -170,8 +170,10 @@ def _read_bytes(path: Path) -> bytes:
     """The file's bytes; a problem is an issue that does not name the file (every caller shows it
     after the file's path: `FILE: no such file`)."""
     try:
-        if path.is_dir():
-            raise _fail("a folder, not a spec file (give a .yaml, .yml or .json file)")
+        if path.is_dir():  # a run's or a package's folder holds the spec it was made of
+            held = f"; the spec this run or package was made of is {path / 'spec.json'}" \
+                if (path / "spec.json").is_file() else ""
+            raise _fail(f"a folder, not a spec file (give a .yaml, .yml or .json file{held})")
         if path.exists() and not path.is_file():
             raise _fail("not a regular file")
         with path.open("rb") as f:

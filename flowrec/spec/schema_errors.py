@@ -29,6 +29,7 @@ _JSON_TYPES = {
 }
 
 
+SYNONYMS = {"gpu": "cuda"}  # what a word means where difflib finds a look-alike ('gpu' -> 'cpu')
 NAME_PATTERN = "^[A-Za-z0-9_][A-Za-z0-9_.:-]*$"  # the schema's pattern of names (features, modules, ...)
 NAME_CHAR = "[A-Za-z0-9_.:-]"
 OUTPUT_PATTERN = "^[A-Za-z0-9_][A-Za-z0-9_:-]*$"  # a moe / ple output: a name without '.' (read as 'module.output')
@@ -55,7 +56,10 @@ def did_you_mean(word: Any, candidates: Iterable[str]) -> str:
         return ""
     names = sorted(set(candidates))
     same = [n for n in names if n.lower() == word.lower()]  # `A100` is a100, which difflib ties with h100
-    close = same or difflib.get_close_matches(word, names, n=1, cutoff=0.6)
+    meant = [n for n in names if n == SYNONYMS.get(word.lower())]  # a GPU is cuda, not the cpu it looks like
+    if word.lower() in SYNONYMS and not same and not meant:
+        return ""  # `--target gpu` (cpu, a100, h100): none means a GPU the way it reads, the cpu least
+    close = same or meant or difflib.get_close_matches(word, names, n=1, cutoff=0.6)
     if not close:  # batch_norm -> norm, dropout_rate -> dropout: a known name as one of its words
         words = set(re.split(r"[_\-\s]+", word.lower()))
         close = [n for n in names if n.lower() in words]

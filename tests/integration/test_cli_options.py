@@ -107,3 +107,29 @@ def test_tensorboard_tags_of_log_records() -> None:
     evaluation = {"event": "eval", "step": 3, "final": False,
                   "metrics": {"ctr": {"auc": 0.7, "gauc": None, "samples": 10}, "dwell": {"mse": 2.0}}}
     assert dict(tensorboard_scalars(evaluation)) == {"eval/ctr/auc": 0.7, "eval/dwell/mse": 2.0}
+
+
+def test_training_on_the_train_part_of_a_split_names_its_test_part(spec: Path, tmp_path: Path) -> None:
+    """`--data DIR/train` of a converted split said 'the data has no test split ...; give
+    --eval-data DIR to evaluate', while DIR/test lay beside it: it names that folder, and DIR for
+    both parts. A dataset without a test part beside it is said as before."""
+    import numpy as np
+
+    rng = np.random.default_rng()
+    n = int(rng.integers(300, 600))
+    rows = "".join(f"{rng.lognormal():.4f},u{int(rng.zipf(1.3))},i{int(rng.zipf(1.2))},{int(rng.random() < 0.25)}\n"
+                   for _ in range(n))
+    (tmp_path / "rows.csv").write_text("d1,user,item,label\n" + rows)
+    data = tmp_path / "split"
+    made = runner.invoke(app, ["data", "convert", "csv", str(tmp_path / "rows.csv"), str(data), "--spec", str(spec),
+                               "--test-fraction", "0.2", "-q"])
+    assert made.exit_code == 0, made.output
+    trained = runner.invoke(app, ["train", str(spec), "--data", str(data / "train"), "--out", str(tmp_path / "r1"),
+                                  "--max-steps", "2", "-q"])
+    assert trained.exit_code == 0, trained.output
+    assert (f"evaluation is skipped; give --eval-data {data / 'test'} (the test part beside {data / 'train'}), "
+            f"or --data {data} for both parts") in " ".join(trained.output.split()), trained.output
+    (data / "test").rename(tmp_path / "elsewhere")
+    alone = runner.invoke(app, ["train", str(spec), "--data", str(data / "train"), "--out", str(tmp_path / "r2"),
+                                "--max-steps", "2", "-q"])
+    assert alone.exit_code == 0 and "give --eval-data DIR to evaluate" in alone.output, alone.output

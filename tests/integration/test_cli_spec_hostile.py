@@ -201,6 +201,23 @@ def test_folder_as_spec(runner, tmp_path, command):
     assert list(tmp_path.iterdir()) == [folder] and not any(folder.iterdir())
 
 
+@pytest.mark.parametrize("command", ("plan", "train"))  # (validate reads the spec files a folder holds)
+def test_a_run_or_package_folder_as_spec_names_the_spec_it_holds(runner, tmp_path, command):
+    # `flowrec plan runs/x` (a run's folder for its spec, as eval and export take it) said only "a folder,
+    # not a spec file (give a .yaml, .yml or .json file)", though the folder holds the spec it was made of
+    folder = tmp_path / "old_run"
+    folder.mkdir()
+    data = os.urandom(16).hex().encode()  # not read: the folder is refused before its files
+    (folder / "spec.json").write_bytes(data)
+    result = runner.invoke(app, _args(command, folder, tmp_path))
+    assert result.exit_code == 2
+    assert result.output.splitlines() == [
+        f"{folder}: a folder, not a spec file (give a .yaml, .yml or .json file; the spec this run or package was "
+        f"made of is {folder / 'spec.json'})"], result.output
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["old_run", "spec.json"]
+    assert (folder / "spec.json").read_bytes() == data
+
+
 @pytest.mark.parametrize("command", ("validate", "plan"))
 @pytest.mark.parametrize("text,suffix", [(DEEP_BRACKETS, ".yaml"), ("[" * 1_000_000, ".yaml"), (DEEP_BRACKETS, ".json"),
                                          ("{a: " * 100_000 + "1" + "}" * 100_000, ".yml"), (LAUGHS, ".yaml")],

@@ -324,6 +324,31 @@ def test_a_run_folder_refused_on_two_ranks_is_rank_0s_line_alone(work):
     assert "Traceback" not in done.stderr
 
 
+def test_data_refused_on_two_ranks_is_rank_0s_line_alone(tmp_path):
+    # a spec bound to a small CSV whose split leaves no test row, trained with --nproc 2: rank 0's line
+    # ("no rows converted ... into the test split") was followed by rank 1's "another rank failed ([...gloo...]
+    # Connection closed by peer ... GLHF!) while waiting for rank 0 to prepare the data", for data rank 0 refused
+    import numpy as np
+
+    rng = np.random.default_rng()
+    n = int(rng.integers(3, 6))
+    rows = "".join(f"{rng.lognormal():.4f},u{int(rng.zipf(1.5))},{int(rng.random() < 0.3)}\n" for _ in range(n))
+    (tmp_path / "rows.csv").write_text("price,user,clicked\n" + rows)
+    (tmp_path / "spec.yaml").write_text(
+        "name: small\nfeatures:\n  - {name: price, type: dense, transform: log1p}\n"
+        "  - {name: user, type: categorical, hash_buckets: 64, dim: 4}\n"
+        "modules:\n  - {name: top, kind: mlp, inputs: ['@dense', '@sparse'], layers: [4]}\n"
+        "heads:\n  - {name: ctr, input: top}\n"
+        "data: {format: csv, path: rows.csv, label: clicked, options: {test_fraction: 0.000001}}\n"
+        "optimizer: {dense: {name: adam, lr: 0.01}, sparse: {name: sgd, lr: 0.1}}\ntraining: {batch_size: 2}\n")
+    done = flowrec("train", "spec.yaml", "-q", "--out", "r", "--nproc", "2", cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert errors[0].startswith("error: rank 0: no rows converted from ") and "test split" in errors[0], done.stderr
+    assert not [line for line in errors if line.startswith("error: rank 1")], done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "r").exists()
+
+
 @pytest.mark.parametrize("fresh", [False, True], ids=["optimizer", "fresh_optimizer"])
 def test_init_from_on_two_ranks_equals_one_process(work, fresh):
     if not (work / "r1" / "checkpoint.pt").is_file():

@@ -250,6 +250,28 @@ def test_multiclass_labels_at_conversion():
     assert label_tasks(multiclass_spec(5), {}) == {"label": "multiclass:5"}
 
 
+def test_multiclass_labels_numbered_from_1_say_so_and_not_to_skip_them():
+    """Star ratings 1 .. 5 for a 5-class head: the first 5 said 'not a class index 0 .. 4 ... (use
+    --on-error skip to skip such rows)', which drops every row of that class and trains a 4-class
+    model; a label of exactly num_classes says classes look numbered from 1, the two fixes, and
+    gives no hint to skip. Other bad labels keep the hint."""
+    rng = np.random.default_rng()
+    classes = int(rng.integers(2, 12))
+    y = (np.minimum(rng.zipf(1.4, 300), classes)).astype(np.float64)  # 1-based, skewed to class 1
+    y[int(rng.integers(0, 300))] = classes  # at least one row of the last class
+    raw = pa.table({"y": y, LINE_COLUMN: np.arange(1, 301)})
+    with pytest.raises(DataError) as caught:
+        check_labels(raw, {"y": f"multiclass:{classes}"}, ErrorLog("fail", "f"), plus_minus=False)
+    line = str(caught.value)
+    assert f"f:{int(np.argmax(y == classes)) + 1}: label {float(classes)!r} in column y" in line, line
+    assert (f"classes numbered 1 .. {classes}? a class index counts from 0: write each label less 1, or give "
+            f"num_classes: {classes + 1}") in line and "--on-error skip" not in line, line
+    raw = pa.table({"y": [0.0, float(classes + 1)], LINE_COLUMN: [1, 2]})
+    with pytest.raises(DataError, match="--on-error skip") as caught:
+        check_labels(raw, {"y": f"multiclass:{classes}"}, ErrorLog("fail", "f"), plus_minus=False)
+    assert "numbered 1" not in str(caught.value)
+
+
 def esmm_doc() -> dict:
     """click on every row; conversion (weighted) and a 3-class category on clicked rows only."""
     return {"name": "t", "optimizer": OPT, "training": {"batch_size": 8},

@@ -495,6 +495,33 @@ def test_a_header_with_spaces_after_its_commas_says_so(tmp_path: Path) -> None:
         convert(_spec(), "csv", [path], tmp_path / "out")
 
 
+def test_a_spec_name_close_to_a_column_the_input_has_names_that_column(tmp_path: Path) -> None:
+    """A typo in a feature's or the label's name (`usr` for the input's `user`, `clicks` for
+    `clicked`), or a data.columns mapping to a column the input lacks, said 'columns [...] not in
+    the input (has [the first 12 columns]...); map them with data.columns': the input's column was
+    not among those shown when the header had more than 12, and the line never named it. Now it
+    names the input's close column and what to change; nothing is written."""
+    rng = np.random.default_rng()
+    extra = [f"x{i}" for i in range(14)]  # more than the 12 columns shown, the right ones last
+    header = extra + ["price", "user", "clicked"]
+    rows = "".join(",".join([*(str(v) for v in rng.integers(0, 9, len(extra))), f"{rng.lognormal():.3f}",
+                              f"u{int(rng.zipf(1.5))}", str(int(rng.random() < 0.2))]) + "\n" for _ in range(30))
+    path = tmp_path / "rows.csv"
+    path.write_text(",".join(header) + "\n" + rows)
+    typo = csv_spec("ingest", label="clicks")
+    with pytest.raises(DataError, match=r"is 'clicks' the input's 'clicked' \(read by no feature or label\)\? correct "
+                                        r"the spec's name, or map it with data.columns: \{clicks: clicked\}") as caught:
+        convert(typo, "csv", [path], tmp_path / "a")
+    assert "x11']...)" in str(caught.value)  # the columns shown, more of them left out
+    mapped = csv_spec("ingest", columns={"user": "user_id"})
+    with pytest.raises(DataError, match=r"data.columns maps 'user' to 'user_id': is it the input's 'user' "):
+        convert(mapped, "csv", [path], tmp_path / "b")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    path.write_text("price,user,clicked\n" + "".join(f"{rng.lognormal():.3f},u{i},{i % 2}\n" for i in range(9)))
+    with pytest.raises(DataError, match=r"\(has \['price', 'user', 'clicked'\]\);"):  # all shown: no '...'
+        convert(typo, "csv", [path], tmp_path / "c")
+
+
 @pytest.mark.parametrize("flag, value", [("--test-fraction", "nan"), ("--test-fraction", "1"),
                                          ("--split-seed", "-1"), ("--split-seed", str(1 << 64))])
 def test_a_split_flag_out_of_range_is_named_as_the_flag(tmp_path: Path, flag: str, value: str) -> None:

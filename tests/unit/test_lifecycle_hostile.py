@@ -1469,6 +1469,32 @@ def test_the_folder_of_a_distributed_run_is_a_run_folder_and_overwrite_removes_i
     assert sorted(p.name for p in run.rglob("*") if p.name != ".flowrec.lock") == ["best", "run.json"]
 
 
+def test_a_python_run_into_a_folder_holding_a_run_names_the_command_that_continues_it(tmp_path: Path, monkeypatch):
+    # flowrec.train(spec, out=RUN) of a folder holding a run said "continue it with --resume RUN, or replace it
+    # with overwrite=True": flowrec.train takes no resume= (a TypeError), the command line does
+    monkeypatch.chdir(tmp_path)
+    Path("my spec.yaml").write_text(
+        "name: mine\nfeatures:\n  - {name: price, type: dense}\n"
+        "  - {name: user, type: categorical, hash_buckets: 64, dim: 4}\n"
+        "modules:\n  - {name: top, kind: mlp, inputs: ['@dense', '@sparse'], layers: [4]}\n"
+        "heads:\n  - {name: ctr, input: top}\n"
+        "optimizer: {dense: {name: adam, lr: 0.01}, sparse: {name: sgd, lr: 0.1}}\ntraining: {batch_size: 64}\n")
+    run = Path("runs/first")
+    run.mkdir(parents=True)
+    files = {"checkpoint.pt": os.urandom(64), "run.json": b"{}"}
+    for name, data in files.items():
+        (run / name).write_bytes(data)
+    with pytest.raises(RunFolderError) as caught:
+        flowrec.train("my spec.yaml", out=run, rows=500, max_steps=2)
+    line = str(caught.value)
+    assert "continue it with `flowrec train 'my spec.yaml' --resume runs/first`, or replace it with overwrite=True" \
+        in line, line
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.name != ".flowrec.lock"} == files
+    result = CliRunner().invoke(app, ["train", "my spec.yaml", "--rows", "500", "--out", str(run)])
+    assert result.exit_code == 2 and "continue it with --resume runs/first, or replace it with --overwrite" \
+        in result.output, result.output  # the command line's own flags, as before
+
+
 def test_resume_with_another_model_names_what_differs():
     # `--resume RUN` with the batch size or a table changed said only "the spec's model differs from the one
     # the run in RUN was trained with", leaving the user to diff the specs by hand

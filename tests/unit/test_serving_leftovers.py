@@ -157,6 +157,24 @@ def test_keeping_the_readers_own_line_column_is_no_such_column(pkg, tmp_path):
     assert "has price, " in result.output and not (tmp_path / "s.parquet").exists()
 
 
+def test_keeping_columns_written_as_one_list_says_to_give_keep_once_per_column(pkg, tmp_path):
+    """`--keep price,item` (columns the rows have, written as one list, as many tools take them) said
+    only '--keep price,item: no such column in ROWS (has price, ...)', the columns it lists among those
+    it 'has'; it says --keep takes one column, and the flags to give; nothing is written. A name of no
+    such column is refused as before."""
+    rng = np.random.default_rng()
+    _rows(rng, int(rng.integers(10, 60)), label=False).to_csv(tmp_path / "rows.csv", index=False)
+    out = tmp_path / "s.parquet"
+    for keep, said in (("price,item", "--keep takes one column, give it once per column: --keep price --keep item"),
+                       ("price, nope", "(has price, ")):
+        result = invoke(["predict", pkg, tmp_path / "rows.csv", "--format", "csv", "--out", out, "--keep", keep])
+        assert result.exit_code == 2 and f"--keep {keep}: no such column in" in result.output, result.output
+        assert said in result.output and not out.exists(), result.output
+    result = invoke(["predict", pkg, tmp_path / "rows.csv", "--format", "csv", "--out", out, "--keep", "price",
+                     "--keep", "item"])
+    assert result.exit_code == 0 and pq.read_table(out).column_names == ["ctr", "price", "item"], result.output
+
+
 def test_a_column_of_blanks_is_said_empty_not_written_as_space_padded_ids(pkg, tmp_path):
     """A user column of blanks in every row was said empty and, in a second line, 'written as
     space-padded text (' ')' with advice to write the ids without the spaces: blanks are no ids and

@@ -244,6 +244,24 @@ def test_optimizers_and_data_path_may_be_left_out():
     assert one_side.sparse_optimizer.lr == 0.1
 
 
+def test_a_gpu_asked_for_as_gpu_is_pointed_to_cuda_not_to_the_cpu_it_looks_like():
+    # `plan: {device: gpu}` and `--device gpu` said "(did you mean 'cpu'?)": difflib's closest name, the
+    # opposite of what a user asking for a GPU means
+    from flowrec.runtime.session import device_problem
+    from flowrec.spec.schema_errors import did_you_mean
+
+    for word in ("gpu", "GPU", "Gpu"):
+        assert did_you_mean(word, ["auto", "cpu", "cuda"]) == " (did you mean 'cuda'?)"
+        assert device_problem(word).endswith("(did you mean 'cuda'?)")
+    assert did_you_mean("cpy", ["auto", "cpu", "cuda"]) == " (did you mean 'cpu'?)"  # a look-alike as before
+    assert did_you_mean("gpu", ["cpu", "a100", "h100"]) == ""  # `--target gpu`: no choice means it, the cpu least
+    spec = {"name": "x", "features": [{"name": "a", "type": "categorical", "vocab": 5, "dim": 4}],
+            "modules": [{"name": "m", "kind": "mlp", "inputs": ["@sparse"], "layers": [4]}],
+            "heads": [{"name": "h", "input": "m", "task": "binary"}], "plan": {"device": "gpu"}}
+    (message,) = [message for _, message in _issues(spec)]
+    assert message.endswith("(got 'gpu') (did you mean 'cuda'?)"), message
+
+
 def test_an_unknown_key_names_the_known_one_it_contains_or_lists_the_known_keys():
     from flowrec.spec.schema_errors import did_you_mean
 

@@ -107,10 +107,6 @@ class World:
         dist.all_gather_object(gathered, value)
         return gathered
 
-    def barrier(self) -> None:
-        """Wait for every rank (bounded by the timeout)."""
-        dist.barrier(device_ids=[self.device.index] if self.device.type == "cuda" else None)
-
 
 def join_world(size: int, rank: int, timeout_s: float, device: torch.device) -> World:
     """Initialize torch.distributed (the rendezvous from MASTER_ADDR / MASTER_PORT) and make the
