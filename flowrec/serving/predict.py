@@ -38,6 +38,7 @@ from flowrec.serving.package import (MODEL_FILE, PLAN_FILE, SPEC_FILE, check_man
                                      check_table_dtype, encoded_inputs, planned_tables, read_manifest,
                                      require_listed, verify_files)
 from flowrec.serving.pt2_check import check_archive
+from flowrec.serving.pt2_module import program_module
 from flowrec.serving.retrieval_index import HEADS_FILE, ITEMS_FILE, ItemIndex, load_items
 from flowrec.spec.json_doc import read_json_document
 from flowrec.spec.load import spec_from_dict
@@ -375,10 +376,7 @@ def _load_model(path: Path) -> LoadedModel:
                   items.vectors.shape[1] if items is not None else sum(h.width for h in spec.heads), path / MODEL_FILE,
                   tables)
     check_table_dtype(manifest, exported, path)
-    try:
-        program = exported.module()
-    except Exception as exc:
-        raise ValueError(f"{path / MODEL_FILE} is not a usable exported program ({type(exc).__name__})") from None
+    program = program_module(exported, path / MODEL_FILE, BATCH_ROWS)  # no guards code where flowrec's check proves them
     heads = _heads_program(path, manifest, spec, tables) if items is not None else None
     return LoadedModel(path, spec, record, encoder, program, manifest, read_maps(path, spec), items, heads)
 
@@ -408,10 +406,7 @@ def _heads_program(path: Path, manifest: dict[str, Any], spec: ModelSpec,
         raise ValueError(f"{path / HEADS_FILE} is not a usable exported program ({type(exc).__name__})") from None
     check_program(exported, spec, [f.name for f in spec.sparse_features], sum(h.width for h in others),
                   path / HEADS_FILE, tables)
-    try:
-        return exported.module()
-    except Exception as exc:
-        raise ValueError(f"{path / HEADS_FILE} is not a usable exported program ({type(exc).__name__})") from None
+    return program_module(exported, path / HEADS_FILE, BATCH_ROWS)
 
 
 def _spec(path: Path) -> ModelSpec:

@@ -448,6 +448,25 @@ def test_a_model_pt2_of_another_export_is_one_line(case: Path, name: str):
     assert not (case / "scores.parquet").exists()
 
 
+def test_a_package_loads_without_torchs_guard_code_and_scores_as_with_it(case: Path):
+    """torch's module() wrote guard code by one pass over the placeholders per guard (17.8 s of a
+    1,000-field package's load); flowrec's own check of the program's inputs proves those guards."""
+    model = load_model(case / "pkg")
+    assert not hasattr(model.program, "_guards_fn")
+    rows = raw_rows(300, 9)
+    fast = model.predict(rows)["ctr"].to_numpy()
+    model.program = torch.export.load(case / "pkg" / "model.pt2").module()  # torch's guarded module
+    assert hasattr(model.program, "_guards_fn")
+    np.testing.assert_array_equal(model.predict(rows)["ctr"].to_numpy(), fast)
+
+
+def test_a_model_pt2_of_a_fixed_batch_is_refused_at_load(case: Path):
+    """It loaded, and the first call of predict failed torch's guard."""
+    SWAPPED["a_fixed_batch"](case / "pkg")
+    with pytest.raises(ValueError, match="model.pt2 does not fit the package's spec.json: it takes batches of 4 rows only"):
+        load_model(case / "pkg")
+
+
 def test_an_id_beyond_64_bits_in_a_csv_scores_as_its_text(case: Path):
     """The CSV reader keeps an id column's text: a 30-digit city scores as that string does through
     the Python API (where a Python int of that size is refused: test_walk4_hostile)."""
