@@ -38,6 +38,7 @@ from flowrec.serving.package import (MODEL_FILE, PLAN_FILE, SPEC_FILE, check_man
                                      check_table_dtype, encoded_inputs, planned_tables, read_manifest,
                                      require_listed, verify_files)
 from flowrec.serving.pt2_check import check_archive
+from flowrec.serving.pt2_load import load_program
 from flowrec.serving.pt2_module import program_module
 from flowrec.serving.retrieval_index import HEADS_FILE, ITEMS_FILE, ItemIndex, load_items
 from flowrec.spec.json_doc import read_json_document
@@ -359,7 +360,7 @@ def _load_model(path: Path) -> LoadedModel:
         raise ValueError(f"{path}: encoder.json does not match the manifest's encoder fingerprint")
     check_archive(path / MODEL_FILE)
     try:
-        exported = torch.export.load(path / MODEL_FILE)
+        exported = load_program(path / MODEL_FILE)
     except Exception as exc:  # any failure to read the program is a damaged package
         raise ValueError(f"{path / MODEL_FILE} is not a usable exported program ({type(exc).__name__})") from None
     items = None
@@ -401,7 +402,7 @@ def _heads_program(path: Path, manifest: dict[str, Any], spec: ModelSpec,
     require_listed(path, manifest, [HEADS_FILE])
     check_archive(path / HEADS_FILE)
     try:
-        exported = torch.export.load(path / HEADS_FILE)
+        exported = load_program(path / HEADS_FILE)
     except Exception as exc:
         raise ValueError(f"{path / HEADS_FILE} is not a usable exported program ({type(exc).__name__})") from None
     check_program(exported, spec, [f.name for f in spec.sparse_features], sum(h.width for h in others),

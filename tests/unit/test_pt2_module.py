@@ -1,6 +1,7 @@
 """The module of a package's program without torch's generated guards (`program_module`): taken
 only where flowrec's own check of the program's inputs proves them; each program that refuses
-some batch flowrec passes is one line at load, naming the file."""
+some batch flowrec passes is one line at load, naming the file. A program read by `load_program`
+(type hints looked up once per class) is the one torch.export.load reads."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from flowrec.serving.pt2_load import load_program
 from flowrec.serving.pt2_module import program_module
 
 ROWS = 1000  # rows per call in these tests
@@ -94,3 +96,20 @@ def test_a_program_with_a_guard_flowrec_does_not_know_keeps_torchs_guards():
     program._guards_code = [*program._guards_code, "L['dense'].size()[0] <= 64"]
     module = program_module(program, Path("pkg/model.pt2"), ROWS)
     assert hasattr(module, "_guards_fn") and module.validate_inputs
+
+
+def test_load_program_reads_the_program_torch_reads_and_leaves_torch_as_it_was(tmp_path: Path):
+    from torch._export.serde import serialize
+
+    import typing
+
+    torch.export.save(_export(), tmp_path / "model.pt2")
+    ours, torchs = load_program(tmp_path / "model.pt2"), torch.export.load(tmp_path / "model.pt2")
+    assert serialize.typing is typing
+    assert str(ours.graph) == str(torchs.graph) and ours.range_constraints == torchs.range_constraints
+    assert ours.state_dict.keys() == torchs.state_dict.keys()
+    for name, value in ours.state_dict.items():
+        torch.testing.assert_close(value, torchs.state_dict[name], rtol=0, atol=0)
+    dense, sparse = _inputs(ROWS, 5)
+    torch.testing.assert_close(program_module(ours, tmp_path / "model.pt2", ROWS)(dense, sparse),
+                               torchs.module()(dense, sparse), rtol=0, atol=0)
