@@ -38,7 +38,8 @@ def program_module(program: torch.export.ExportedProgram, path: Path, rows: int)
     if problem:
         raise ValueError(f"{path} does not fit the package's spec.json: {problem} (a model.pt2 of another "
                          "export?); export the run again")
-    fast = all(isinstance(g, str) and BATCH_GUARD.fullmatch(g) for g in program._guards_code or [])
+    guards = getattr(program, "_guards_code", None)  # (private: another torch keeps its guards)
+    fast = isinstance(guards, list) and all(isinstance(g, str) and BATCH_GUARD.fullmatch(g) for g in guards)
     try:
         module = program.module(check_guards=not fast)
     except Exception as exc:

@@ -113,3 +113,18 @@ def test_load_program_reads_the_program_torch_reads_and_leaves_torch_as_it_was(t
     dense, sparse = _inputs(ROWS, 5)
     torch.testing.assert_close(program_module(ours, tmp_path / "model.pt2", ROWS)(dense, sparse),
                                torchs.module()(dense, sparse), rtol=0, atol=0)
+
+
+def test_a_program_that_records_no_guards_keeps_torchs():
+    """Another torch that keeps no `_guards_code`: nothing says its guards are batch equalities."""
+    program = _export()
+    program._guards_code = None
+    asked, module = [], program.module
+
+    def recorded(check_guards=True):
+        asked.append(check_guards)
+        return module(check_guards=False)  # (torch 2.13 itself cannot write guards from none)
+
+    program.module = recorded
+    made = program_module(program, Path("pkg/model.pt2"), ROWS)
+    assert asked == [True] and made.validate_inputs
