@@ -231,7 +231,7 @@ class LoadedModel:
         missing = [c for c in read if c not in present]
         if missing:
             read = set(read)
-            raise DataError(f"the rows lack columns {missing} that model {self.spec.name!r} reads"
+            raise DataError(f"the rows lack columns {named_columns(missing)} that model {self.spec.name!r} reads"
                             f"{close_columns(missing, [c for c in raw.column_names if c not in read])}"
                             f"{separator_note(raw.column_names, missing, self.spec)}")
         unfitted = tables_without_vocabulary(self.spec, self.encoder.vocabs)
@@ -487,6 +487,23 @@ def _warn(lines: list[str]) -> None:
         warnings.warn(line, UserWarning, stacklevel=4)
 
 
+SHOWN_COLUMNS = 12  # names a line shows of a list of columns (a 1,000-field model's rows of 500: 4,551 characters)
+
+
+def named_columns(names: list[str]) -> str:
+    """A list of column names as a line shows it: every name up to `SHOWN_COLUMNS`, else the first
+    of them and how many more.
+
+    >>> named_columns(["user", "item"])
+    "['user', 'item']"
+    >>> named_columns([f"f{i}" for i in range(500)])
+    "['f0', 'f1', 'f2', 'f3', 'f4', 'f5', 'f6', 'f7', 'f8', 'f9', 'f10', 'f11'] and 488 more"
+    """
+    if len(names) <= SHOWN_COLUMNS:
+        return str(list(names))
+    return f"{list(names[:SHOWN_COLUMNS])} and {len(names) - SHOWN_COLUMNS:,} more"
+
+
 def close_columns(missing: list[str], others: list[Any]) -> str:
     """`` (the rows have 'userid': rename it to 'user_id'?)`` for the columns the rows have, read by
     no feature, that are close to a missing one (case aside), else ``""``; a column whose name only
@@ -504,17 +521,21 @@ def close_columns(missing: list[str], others: list[Any]) -> str:
 
     alike = look_alikes([str(c) for c in others], missing)
     texts = {str(c).lower(): str(c) for c in others if str(c) not in {n for n, _ in alike}}
-    pairs = []
+    pairs, looked = [], 0
     for name in missing:
+        if len(pairs) == SHOWN_COLUMNS:  # (1,000 renamed columns: a hint of 24,000 characters, 2 s to make)
+            break
+        looked += 1
         close = difflib.get_close_matches(name.lower(), list(texts), n=1, cutoff=0.6)
         if close and name not in {w for _, w in alike}:
             pairs.append((texts.pop(close[0]), name))
     said = "".join(f" (the rows' {look_alike_note(*pair)}: write the rows' name with the same characters)"
-                   for pair in alike)
+                   for pair in alike[:SHOWN_COLUMNS])
     if not pairs:
         return said
     had, wanted = (", ".join(repr(p[i]) for p in pairs) for i in (0, 1))
-    return f"{said} (the rows have {had}: rename {'it' if len(pairs) == 1 else 'them'} to {wanted}?)"
+    more = f"; the first {len(pairs)} such columns" if looked < len(missing) else ""
+    return f"{said} (the rows have {had}: rename {'it' if len(pairs) == 1 else 'them'} to {wanted}?{more})"
 
 
 def row_index(table: pa.Table | pd.DataFrame) -> pd.Index | None:

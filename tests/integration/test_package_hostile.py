@@ -23,6 +23,7 @@ import torch
 from typer.testing import CliRunner
 
 from flowrec.cli import app
+from flowrec.data.layout import DataError
 from flowrec.serving.predict import load_model
 
 SPEC = """
@@ -500,6 +501,40 @@ def test_a_wide_models_rows_are_scored_in_calls_bounded_by_their_looked_up_bytes
     model.program = counted
     np.testing.assert_allclose(model.predict(rows)["ctr"].to_numpy(), whole, rtol=1e-6, atol=1e-7)
     assert sizes == [7] * 7 + [1]
+
+
+WIDE_FIELDS = 40
+
+
+def test_rows_lacking_many_of_a_wide_models_columns_are_one_short_line(tmp_path: Path):
+    """Rows lacking 500 of a 1,000-field model's columns were a line of 4,551 characters naming each;
+    1,000 columns renamed a hint of 24,000 characters (2 s of difflib)."""
+    features = "".join(f"  - {{name: c{i:03d}, type: categorical, hash_buckets: 20, dim: 2}}\n" for i in range(WIDE_FIELDS))
+    (tmp_path / "wide.yaml").write_text(
+        f"name: wide_rows\nfeatures:\n  - {{name: d0, type: dense, transform: log1p}}\n{features}"
+        "modules:\n  - {name: top, kind: mlp, inputs: [\"@dense\", \"@sparse\"], layers: [4]}\n"
+        "heads:\n  - {name: ctr, input: top, task: binary, loss: bce}\ntraining: {batch_size: 64, epochs: 1, seed: 0}\n")
+    run = runner.invoke(app, ["train", str(tmp_path / "wide.yaml"), "--rows", "200", "--out", str(tmp_path / "run"),
+                              "--quiet", "--device", "cpu"])
+    assert run.exit_code == 0, run.output
+    assert runner.invoke(app, ["export", str(tmp_path / "run"), str(tmp_path / "pkg")]).exit_code == 0
+    rng = np.random.default_rng(8)
+    rows = pd.DataFrame({"d0": rng.lognormal(1.0, 1.0, 30),
+                         **{f"c{i:03d}": rng.zipf(1.4, 30) % 90 for i in range(WIDE_FIELDS)}})
+    kept = rows.drop(columns=[f"c{i:03d}" for i in range(5, WIDE_FIELDS)])  # 35 lacking
+    renamed = rows.rename(columns={f"c{i:03d}": f"col_{i:03d}" for i in range(WIDE_FIELDS)})  # 40 lacking, renamed
+    model = load_model(tmp_path / "pkg")
+    for frame, more in ((kept, "and 23 more"), (renamed, "and 28 more")):
+        frame.to_csv(tmp_path / "rows.csv", index=False)
+        result = runner.invoke(app, ["predict", str(tmp_path / "pkg"), str(tmp_path / "rows.csv"), "--format", "csv",
+                                     "--out", str(tmp_path / "scores.parquet"), "-q"])
+        one_line_exit_2(result, more)
+        assert len(result.stderr) < 900, result.stderr
+        with pytest.raises(DataError, match=more) as caught:
+            model.predict(frame)
+        assert len(str(caught.value)) < 900
+    assert "col_011" in str(caught.value) and "col_012" not in str(caught.value)  # 12 renames named, the first
+    assert not (tmp_path / "scores.parquet").exists()
 
 
 def test_a_model_pt2_of_a_fixed_batch_is_refused_at_load(case: Path):
