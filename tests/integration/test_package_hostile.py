@@ -506,27 +506,34 @@ def test_a_wide_models_rows_are_scored_in_calls_bounded_by_their_looked_up_bytes
 WIDE_FIELDS = 40
 
 
-def test_rows_lacking_many_of_a_wide_models_columns_are_one_short_line(tmp_path: Path):
-    """Rows lacking 500 of a 1,000-field model's columns were a line of 4,551 characters naming each;
-    1,000 columns renamed a hint of 24,000 characters (2 s of difflib)."""
+@pytest.fixture(scope="module")
+def wide_pkg(tmp_path_factory) -> Path:
+    """The package of a 40-field model trained on synthetic rows (hashed tables: it scores raw rows)."""
+    root = tmp_path_factory.mktemp("wide_pkg")
     features = "".join(f"  - {{name: c{i:03d}, type: categorical, hash_buckets: 20, dim: 2}}\n" for i in range(WIDE_FIELDS))
-    (tmp_path / "wide.yaml").write_text(
+    (root / "wide.yaml").write_text(
         f"name: wide_rows\nfeatures:\n  - {{name: d0, type: dense, transform: log1p}}\n{features}"
         "modules:\n  - {name: top, kind: mlp, inputs: [\"@dense\", \"@sparse\"], layers: [4]}\n"
         "heads:\n  - {name: ctr, input: top, task: binary, loss: bce}\ntraining: {batch_size: 64, epochs: 1, seed: 0}\n")
-    run = runner.invoke(app, ["train", str(tmp_path / "wide.yaml"), "--rows", "200", "--out", str(tmp_path / "run"),
+    run = runner.invoke(app, ["train", str(root / "wide.yaml"), "--rows", "200", "--out", str(root / "run"),
                               "--quiet", "--device", "cpu"])
     assert run.exit_code == 0, run.output
-    assert runner.invoke(app, ["export", str(tmp_path / "run"), str(tmp_path / "pkg")]).exit_code == 0
+    assert runner.invoke(app, ["export", str(root / "run"), str(root / "pkg")]).exit_code == 0
+    return root / "pkg"
+
+
+def test_rows_lacking_many_of_a_wide_models_columns_are_one_short_line(wide_pkg: Path, tmp_path: Path):
+    """Rows lacking 500 of a 1,000-field model's columns were a line of 4,551 characters naming each;
+    1,000 columns renamed a hint of 24,000 characters (2 s of difflib)."""
     rng = np.random.default_rng(8)
     rows = pd.DataFrame({"d0": rng.lognormal(1.0, 1.0, 30),
                          **{f"c{i:03d}": rng.zipf(1.4, 30) % 90 for i in range(WIDE_FIELDS)}})
     kept = rows.drop(columns=[f"c{i:03d}" for i in range(5, WIDE_FIELDS)])  # 35 lacking
     renamed = rows.rename(columns={f"c{i:03d}": f"col_{i:03d}" for i in range(WIDE_FIELDS)})  # 40 lacking, renamed
-    model = load_model(tmp_path / "pkg")
+    model = load_model(wide_pkg)
     for frame, more in ((kept, "and 23 more"), (renamed, "and 28 more")):
         frame.to_csv(tmp_path / "rows.csv", index=False)
-        result = runner.invoke(app, ["predict", str(tmp_path / "pkg"), str(tmp_path / "rows.csv"), "--format", "csv",
+        result = runner.invoke(app, ["predict", str(wide_pkg), str(tmp_path / "rows.csv"), "--format", "csv",
                                      "--out", str(tmp_path / "scores.parquet"), "-q"])
         one_line_exit_2(result, more)
         assert len(result.stderr) < 900, result.stderr
@@ -535,6 +542,28 @@ def test_rows_lacking_many_of_a_wide_models_columns_are_one_short_line(tmp_path:
         assert len(str(caught.value)) < 900
     assert "col_011" in str(caught.value) and "col_012" not in str(caught.value)  # 12 renames named, the first
     assert not (tmp_path / "scores.parquet").exists()
+
+
+def test_rows_that_leave_most_of_a_wide_models_columns_empty_are_a_few_warning_lines(wide_pkg: Path, tmp_path: Path):
+    """Two blank rows of a 1,000-field model were 1,004 warning lines, one a column."""
+    import warnings
+
+    rng = np.random.default_rng(21)
+    blank = pd.DataFrame({"d0": rng.lognormal(1.0, 1.0, 6),
+                          **{f"c{i:03d}": [" ", "", None, " ", "", None] if i % 7 else rng.zipf(1.4, 6) % 90
+                             for i in range(WIDE_FIELDS)}})  # 34 of 40 columns empty
+    blank.to_csv(tmp_path / "rows.csv", index=False)
+    result = runner.invoke(app, ["predict", str(wide_pkg), str(tmp_path / "rows.csv"), "--format", "csv",
+                                 "--out", str(tmp_path / "scores.parquet"), "-q"])
+    assert result.exit_code == 0, result.output
+    said = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert len(said) == 13 and "22 more feature columns are empty in every row as well (34 in all)" in said[-1], said
+    assert len(pd.read_parquet(tmp_path / "scores.parquet")) == 6
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        load_model(wide_pkg).predict(blank)
+    empty = [str(w.message) for w in caught if "empty in every" in str(w.message)]
+    assert len(empty) == 13 and "(34 in all)" in empty[-1], empty
 
 
 def test_a_model_pt2_of_a_fixed_batch_is_refused_at_load(case: Path):
