@@ -199,7 +199,7 @@ def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: l
     from flowrec.data.layout import DataError
     from flowrec.data.sources import LINE_COLUMN
     from flowrec.runtime.progress import rows_spinner
-    from flowrec.serving.predict import load_model
+    from flowrec.serving.predict import few_lines, load_model
 
     model = load_model(model_dir)
     model.warn_unseen = model.warn_empty = False  # one line for every chunk, at the end
@@ -250,7 +250,7 @@ def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: l
         raise ValueError(_no_rows(raw, log, fmt or getattr(model.spec.data, "format", None)))
     items = len(model.items.raw_items) if top_k is not None else 0
     notes = [nonfinite_note(nonfinite, rows, first_bad)] if nonfinite else []
-    notes += model.empty_columns().lines(str(raw))  # a column empty in every row of RAW, once a run
+    notes += few_lines(model.empty_columns().lines(str(raw)))  # a column empty in every row of RAW, once a run
     return rows, log.count, model.zero_queries, model.first_zero_query, items, notes + model.unseen_ids().lines()
 
 
