@@ -41,7 +41,8 @@ def program_module(program: torch.export.ExportedProgram, path: Path, rows: int)
     guards = getattr(program, "_guards_code", None)  # (private: another torch keeps its guards)
     fast = isinstance(guards, list) and all(isinstance(g, str) and BATCH_GUARD.fullmatch(g) for g in guards)
     try:
-        module = program.module(check_guards=not fast)
+        # (no keyword where the guards stay: a torch without `check_guards` still loads)
+        module = program.module(check_guards=False) if fast else program.module()
     except Exception as exc:
         raise ValueError(f"{path} is not a usable exported program ({type(exc).__name__})") from None
     if fast:  # every input constraint is proven above: the per-call check (2 passes over the inputs) too
