@@ -89,7 +89,7 @@ FILES: dict[str, frozenset[str]] = {
     )},
     **{f"tests/integration/{name}.py": frozenset({"e2e"}) for name in (
         "test_calibrate", "test_cli_options", "test_data_convert", "test_data_diagnostics",
-        "test_encoder_travels", "test_incremental", "test_incremental_checkpoints", "test_model_package",
+        "test_encoder_travels", "test_incremental", "test_init_from_tuning", "test_incremental_checkpoints", "test_model_package",
         "test_predict_criteo", "test_python_api", "test_run_guarantees", "test_run_hostile", "test_train",
         "test_train_loop", "test_train_plan", "test_train_compile", "test_vocab_spare", "test_output_hostile", "test_package_hostile",
         "test_custom_module", "test_heads_package", "test_regularize_package", "test_managed_runs", "test_follow",

@@ -670,7 +670,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
         plan = _for_ranks(_stored_plan_or_exit(state, folder, spec, world=world), spec, ranks)
     elif parent is not None:  # a run started from another trains its plan (same model and layout)
         device = device_for_run(spec, settings["device"] or "auto")
-        plan = _for_ranks(_stored_plan_or_exit(parent, Path(settings["init_from"]), spec, True, world), spec, ranks)
+        plan = _init_from_plan_or_exit(parent, settings, spec, world, ranks, request.quiet)
     else:
         plan, device = plan_for_run(spec, settings["device"] or "auto", settings["device_budget"], plan_file, _say,
                                     profile, settings["target"], settings["data"], ranks, settings.get("epochs"),
@@ -918,14 +918,72 @@ def _parent_or_exit(settings: dict) -> dict | None:
 
 
 def _start_from(trainer, parent: dict, settings: dict) -> None:
-    """Load the parent run's parameters (and optimizer state) into the trainer, at step 0."""
-    from flowrec.runs.init_from import starting_state
+    """Load the parent run's parameters (and optimizer state) into the trainer, at step 0: an
+    optimizer of the kind the parent's was keeps its state (with the spec's hyper-parameters), one
+    of another kind starts fresh, said in a note."""
+    from flowrec.runs.changes import recorded_spec
+    from flowrec.runs.init_from import optimizer_kinds, starting_state
 
-    fresh = trainer.optimizer.state_dict() if settings["fresh_optimizer"] else None
-    model_state = trainer.model_state_like(initial_states=fresh is not None)
-    trainer.load_state(starting_state(parent, model_state, fresh), settings["init_from"])
-    _say(f"starting from {settings['init_from']} (parameters"
-         f"{'' if settings['fresh_optimizer'] else ' and optimizer state'}), at step 0")
+    old = recorded_spec(parent)
+    dense_kind, sparse_kind = optimizer_kinds(old, trainer.spec) if old is not None else (False, set())
+    own = trainer.optimizer.state_dict()
+    fresh = own if settings["fresh_optimizer"] or dense_kind else None
+    groups = {f"{g.name}." for g in trainer.plan.meta.groups if any(t.table in sparse_kind for t in g.tables)}
+    model_state = trainer.model_state_like(initial_states=fresh is not None or bool(groups))
+    if settings["fresh_optimizer"]:
+        trainer.load_state(starting_state(parent, model_state, fresh), settings["init_from"])
+    else:
+        trainer.load_state(starting_state(parent, model_state, fresh, own,
+                                          lambda key: any(f".{g}" in f".{key}" for g in groups)),
+                           settings["init_from"])
+    if old is not None and not settings["fresh_optimizer"] and (dense_kind or sparse_kind):
+        kinds = ([f"the dense optimizer is {trainer.spec.dense_optimizer.name} in the spec, "
+                  f"{old.dense_optimizer.name} in the run"] if dense_kind else []) + \
+            ([f"the sparse optimizer of {', '.join(sorted(sparse_kind))} is of another kind in the spec"]
+             if sparse_kind else [])
+        _say(f"note: {'; '.join(kinds)}: its state starts fresh (the other optimizer state is the run's)")
+    carried = "" if settings["fresh_optimizer"] else \
+        " and optimizer state" if not (dense_kind or sparse_kind) else " and the optimizer state of the same kinds"
+    _say(f"starting from {settings['init_from']} (parameters{carried}), at step 0")
+
+
+def _init_from_plan_or_exit(parent: dict, settings: dict, spec, world, ranks: int, quiet: bool):
+    """The plan a run started from `parent` trains: the parent's (the same model), or, for a spec
+    that differs from the parent's in training settings alone (lr, optimizer kinds, dropout, batch
+    size, precision: `flowrec.runs.init_from.training_view`), the spec's own plan, whose packed
+    groups must be the parent's (the checkpoint's layout); anything else is refused in one line
+    naming what differs."""
+    from flowrec.graph.plan_io import model_fingerprint
+    from flowrec.runs.changes import document_differences, listed, recorded_spec, _model_doc
+    from flowrec.runs.errors import RunError
+    from flowrec.runs.init_from import group_differences, training_view
+    from flowrec.runs.plan import plan_for_run
+    from flowrec.runtime.progress import reading_bar
+    from flowrec.serving.trained import stored_plan
+    from flowrec.runtime.checkpoint.store import CheckpointError
+
+    source = Path(settings["init_from"])
+    old = recorded_spec(parent)
+    if old is None or model_fingerprint(old) == model_fingerprint(spec) \
+            or model_fingerprint(training_view(old, spec)) != model_fingerprint(old):
+        return _for_ranks(_stored_plan_or_exit(parent, source, spec, True, world), spec, ranks)
+    try:
+        stored = stored_plan(parent, str(source / "checkpoint.pt"))
+        plan, _ = plan_for_run(spec, settings["device"] or "auto", settings["device_budget"], None, _say,
+                               Path(settings["profile"]) if settings.get("profile") else None, settings["target"],
+                               settings["data"], ranks, settings.get("epochs"), settings.get("max_steps"),
+                               reading_bar(not quiet and is_lead_rank()), cache=settings["cache"])
+    except (CheckpointError, RunError) as exc:
+        _refuse(str(exc), world)
+    moved = group_differences(stored, plan)
+    if moved:
+        _refuse(f"the spec's model differs from the one the run in {source} was trained with: its training "
+                f"settings pack the tables otherwise, and the checkpoint's layout is the run's: {listed(moved)} "
+                f"(compare the spec with {source}/spec.json)", world)
+    changed = document_differences(_model_doc(old), _model_doc(spec))
+    _say(f"note: the spec's training settings differ from the run's, its weights' layout is the run's: "
+         f"{listed(changed)}")
+    return plan
 
 
 def _stored_plan_or_exit(state: dict, folder: Path, spec, starting_from: bool = False, world=None):
