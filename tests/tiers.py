@@ -85,7 +85,7 @@ FILES: dict[str, frozenset[str]] = {
         "test_dist_incremental", "test_dist_specs", "test_dist_train", "test_sigkill_resume",
         "test_dist_managed_owner", "test_dist_checkpoint_background",
         "test_nproc_signals", "test_data_signals", "test_dist_managed", "test_retrieval_negatives_ranks", "test_retrieval_ranks_exact",
-        "test_nproc_nonfinite",
+        "test_nproc_nonfinite", "test_nproc_custom_failure",
     )},
     **{f"tests/integration/{name}.py": frozenset({"e2e"}) for name in (
         "test_calibrate", "test_cli_options", "test_data_convert", "test_data_diagnostics",

@@ -759,14 +759,17 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
         if out_of_memory(exc):  # torch's CUDA error, or the CPU allocator's RuntimeError
             fail(f"out of memory at step {trainer.position.step + 1} on {session.device}: {first_line(exc)}; "
                  f"{trainer.checkpoint_note()}. {memory_hint()}", EXIT_OUT_OF_MEMORY)
-        _fail_if_custom(exc, trainer)
+        _fail_if_custom(exc, trainer, world)
         if world is None:
             raise
         where = (f"stopped at the end of the run, after its last step ({trainer.position.step})"
                  if trainer.finished(session.train) else f"stopped at step {trainer.position.step + 1}")
+        if refused := world.refused_ranks():  # a custom module raised there: stop as one process does (exit 2)
+            fail(f"{where}: rank {refused[0]} stopped on its custom module (its line says why); "
+                 f"{trainer.checkpoint_note()}")
         fail(f"{where}: {_rank_lost(world, exc)}; {trainer.checkpoint_note()}", EXIT_RANK_FAILED)
     except Exception as exc:  # a user's custom module may raise anything in training or evaluation
-        _fail_if_custom(exc, trainer)
+        _fail_if_custom(exc, trainer, world)
         raise
     finally:
         session.close_data()
@@ -786,15 +789,19 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
         raise typer.Exit(EXIT_INTERRUPTED)
 
 
-def _fail_if_custom(exc: BaseException, trainer: "Trainer") -> None:
+def _fail_if_custom(exc: BaseException, trainer: "Trainer", world=None) -> None:
     """One line naming the custom module whose forward raised `exc` in training or evaluation
     (its own traceback is the user's code: `flowrec train` showed a traceback through flowrec's), or
     the custom modules of a model whose backward raised it, or the one whose state code raised it
-    (a checkpoint's state_dict, a resume's load)."""
+    (a checkpoint's state_dict, a resume's load). Under `--nproc N` the other ranks learn it
+    (`World.mark_refused`), so the run ends with status 2 on every rank, its folder as one process
+    leaves it."""
     from operators.custom import backward_failure, custom_failure, state_failure
 
     named = custom_failure(exc) or backward_failure(exc, trainer.model) or state_failure(exc, trainer.model)
     if named is not None:
+        if world is not None:
+            world.mark_refused()
         fail(f"at step {trainer.position.step + 1}: {named}; {trainer.checkpoint_note()}")
 
 
