@@ -49,9 +49,10 @@ def starting_state(parent: dict[str, Any], model_state: dict[str, Any], fresh_op
     # (the parent's state stopped a child of an early-stopped run at step 0, training nothing)
     state = dict(parent, position={"epoch": 0, "batch": 0, "step": 0, "samples": 0}, skipped_batches=0,
                  schedule={"horizon_steps": None}, early_stopping=None)
+    state["model"] = _dropout_count(parent["model"], model_state)
     if fresh_optimizer_state is not None:
         state["model"] = {k: (model_state[k] if k.rsplit(".", 1)[-1] == SPARSE_STATE else v)
-                          for k, v in parent["model"].items()}
+                          for k, v in state["model"].items()}
         state["dense_optimizer"] = fresh_optimizer_state
         return state
     if own_optimizer_state is not None:
@@ -63,8 +64,23 @@ def starting_state(parent: dict[str, Any], model_state: dict[str, Any], fresh_op
             saved.get("param_groups")}
     if fresh_sparse is not None:
         state["model"] = {k: (model_state[k] if k.rsplit(".", 1)[-1] == SPARSE_STATE and fresh_sparse(k) else v)
-                          for k, v in parent["model"].items()}
+                          for k, v in state["model"].items()}
     return state
+
+
+NOISE_STEPS = "noise_steps"  # the dropout step count a model with dropout holds (`LoweredModel._bind_noise`)
+
+
+def _dropout_count(parent: dict[str, Any], model_state: dict[str, Any]) -> dict[str, Any]:
+    """The parent's model state with the dropout step count of the new model: a run with dropout
+    started from one without (or the other way) has the count on one side only (it refused the run
+    as 'model missing noise_steps')."""
+    if (NOISE_STEPS in parent) == (NOISE_STEPS in model_state):
+        return parent
+    out = {k: v for k, v in parent.items() if k != NOISE_STEPS}
+    if NOISE_STEPS in model_state:
+        out[NOISE_STEPS] = model_state[NOISE_STEPS]
+    return out
 
 
 def training_view(old: ModelSpec, new: ModelSpec) -> ModelSpec:

@@ -97,11 +97,25 @@ def test_init_from_with_a_lower_lr_and_other_dropout_starts_from_the_runs_weight
 
 
 def test_init_from_with_another_optimizer_kind_starts_its_state_fresh_and_says_so(parent, tmp_path):
-    spec = _spec(tmp_path / "sgd.yaml", DENSE="sgd")
+    """The dense optimizer's kind changed, and the dropout gone (the run's model held a dropout step
+    count, the new one none: it was refused as 'model missing noise_steps' the other way round)."""
+    spec = _spec(tmp_path / "sgd.yaml", DENSE="sgd", DROP="0")
     child = _train(spec, tmp_path / "child", parent["data"], "--init-from", str(parent["run"]), "--max-steps", "1")
     assert child.exit_code == 0, child.output
     notes = [line for line in child.stderr.splitlines() if "starts fresh" in line]
     assert len(notes) == 1 and "sgd in the spec, adam in the run" in notes[0], child.output
+    assert "noise_steps" not in torch.load(tmp_path / "child" / "checkpoint.pt", weights_only=True)["model"]
+
+
+def test_init_from_a_run_without_dropout_with_dropout_trains(parent, tmp_path):
+    plain = _spec(tmp_path / "plain.yaml", DROP="0")
+    run = _train(plain, tmp_path / "plain", parent["data"], "--max-steps", "2")
+    assert run.exit_code == 0, run.output
+    spec = _spec(tmp_path / "drop.yaml", DROP="0.25", LR_DENSE="0.002")
+    child = _train(spec, tmp_path / "child", parent["data"], "--init-from", str(tmp_path / "plain"), "--max-steps", "2")
+    assert child.exit_code == 0, child.output
+    state = torch.load(tmp_path / "child" / "checkpoint.pt", weights_only=True)["model"]
+    assert int(state["noise_steps"]) == 2  # its own dropout steps
 
 
 @pytest.mark.parametrize("change,named", [({"SPEC_DIM": "16"}, "dim"), ({"LAYERS": "[16, 4]"}, "layers")])
