@@ -946,12 +946,21 @@ def _start_from(trainer, parent: dict, settings: dict) -> None:
     if old is not None and not settings["fresh_optimizer"] and (dense_kind or sparse_kind):
         kinds = ([f"the dense optimizer is {trainer.spec.dense_optimizer.name} in the spec, "
                   f"{old.dense_optimizer.name} in the run"] if dense_kind else []) + \
-            ([f"the sparse optimizer of {', '.join(sorted(sparse_kind))} is of another kind in the spec"]
-             if sparse_kind else [])
+            ([_sparse_kinds(old, trainer.spec, sorted(sparse_kind))] if sparse_kind else [])
         _say(f"note: {'; '.join(kinds)}: its state starts fresh (the other optimizer state is the run's)")
     carried = "" if settings["fresh_optimizer"] else \
         " and optimizer state" if not (dense_kind or sparse_kind) else " and the optimizer state of the same kinds"
     _say(f"starting from {settings['init_from']} (parameters{carried}), at step 0")
+
+
+def _sparse_kinds(old, new, tables: list[str]) -> str:
+    """E.g. "the sparse optimizer of table 'user' is rowwise_adagrad in the spec, adagrad in the run"."""
+    def kind(spec, name: str) -> str:
+        table = next(t for t in spec.tables if t.name == name)
+        return (table.optimizer or spec.sparse_optimizer).name
+
+    return "; ".join(f"the sparse optimizer of table {t!r} is {kind(new, t)} in the spec, {kind(old, t)} in the run"
+                     for t in tables)
 
 
 def _init_from_plan_or_exit(parent: dict, settings: dict, spec, world, ranks: int, quiet: bool):

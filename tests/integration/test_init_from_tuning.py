@@ -26,10 +26,11 @@ heads:
   - {name: ctr, input: top, task: binary, loss: bce}
 optimizer:
   dense: {name: <DENSE>, lr: <LR_DENSE>, beta1: <BETA1>}
-  sparse: {name: rowwise_adagrad, lr: <LR_SPARSE>}
+  sparse: {name: <SPARSE>, lr: <LR_SPARSE>}
 training: {batch_size: <BATCH>, epochs: 1, seed: 3}
 """
-BASE = {"DROP": "0.1", "DENSE": "adam", "LR_DENSE": "0.01", "BETA1": "0.9", "LR_SPARSE": "0.05", "BATCH": "64"}
+BASE = {"DROP": "0.1", "DENSE": "adam", "LR_DENSE": "0.01", "BETA1": "0.9", "LR_SPARSE": "0.05", "BATCH": "64",
+        "SPARSE": "rowwise_adagrad"}
 runner = CliRunner()
 
 
@@ -99,11 +100,12 @@ def test_init_from_with_a_lower_lr_and_other_dropout_starts_from_the_runs_weight
 def test_init_from_with_another_optimizer_kind_starts_its_state_fresh_and_says_so(parent, tmp_path):
     """The dense optimizer's kind changed, and the dropout gone (the run's model held a dropout step
     count, the new one none: it was refused as 'model missing noise_steps' the other way round)."""
-    spec = _spec(tmp_path / "sgd.yaml", DENSE="sgd", DROP="0")
+    spec = _spec(tmp_path / "sgd.yaml", DENSE="sgd", DROP="0", SPARSE="adagrad")
     child = _train(spec, tmp_path / "child", parent["data"], "--init-from", str(parent["run"]), "--max-steps", "1")
     assert child.exit_code == 0, child.output
     notes = [line for line in child.stderr.splitlines() if "starts fresh" in line]
     assert len(notes) == 1 and "sgd in the spec, adam in the run" in notes[0], child.output
+    assert "table 'item' is adagrad in the spec, rowwise_adagrad in the run" in notes[0], notes[0]
     assert "noise_steps" not in torch.load(tmp_path / "child" / "checkpoint.pt", weights_only=True)["model"]
 
 
