@@ -953,6 +953,23 @@ def _start_from(trainer, parent: dict, settings: dict) -> None:
     _say(f"starting from {settings['init_from']} (parameters{carried}), at step 0")
 
 
+def _parent_plan_settings(source: Path, settings: dict) -> dict:
+    """The plan flags (--device-budget, --cache, --target, --profile) the run at `source` recorded,
+    which a run started from it plans with (they are refused given with --init-from): settings'
+    own where run.json is unreadable or records none, a profile file gone left out."""
+    from flowrec.runs.settings import read_run_file
+    from flowrec.runtime.rundir import run_folder_of
+
+    try:
+        recorded = read_run_file(run_folder_of(source)) or {}
+    except Exception:  # a damaged run.json: planned as the flags say (none given)
+        recorded = {}
+    made = {key: recorded.get(key, settings.get(key)) for key in ("device_budget", "cache", "target", "profile")}
+    if made["profile"] and not Path(made["profile"]).is_file():
+        made["profile"] = None
+    return made
+
+
 def _sparse_kinds(old, new, tables: list[str]) -> str:
     """E.g. "the sparse optimizer of table 'user' is rowwise_adagrad in the spec, adagrad in the run"."""
     def kind(spec, name: str) -> str:
@@ -983,12 +1000,13 @@ def _init_from_plan_or_exit(parent: dict, settings: dict, spec, world, ranks: in
     if old is None or model_fingerprint(old) == model_fingerprint(spec) \
             or model_fingerprint(training_view(old, spec)) != model_fingerprint(old):
         return _for_ranks(_stored_plan_or_exit(parent, source, spec, True, world), spec, ranks)
+    made = _parent_plan_settings(source, settings)  # planned as the run was: its budget, cache, target, profile
     try:
         stored = stored_plan(parent, str(source / "checkpoint.pt"))
-        plan, _ = plan_for_run(spec, settings["device"] or "auto", settings["device_budget"], None, _say,
-                               Path(settings["profile"]) if settings.get("profile") else None, settings["target"],
+        plan, _ = plan_for_run(spec, settings["device"] or "auto", made["device_budget"], None, _say,
+                               Path(made["profile"]) if made.get("profile") else None, made["target"],
                                settings["data"], ranks, settings.get("epochs"), settings.get("max_steps"),
-                               reading_bar(not quiet and is_lead_rank()), cache=settings["cache"])
+                               reading_bar(not quiet and is_lead_rank()), cache=made["cache"])
     except (CheckpointError, RunError) as exc:
         _refuse(str(exc), world)
     moved = group_differences(stored, plan)

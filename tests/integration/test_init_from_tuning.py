@@ -133,3 +133,24 @@ def test_init_from_with_another_layout_is_still_refused_naming_it(parent, tmp_pa
     errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
     assert refused.exit_code == 2 and len(errors) == 1 and named in errors[0], refused.output
     assert "differs from the one the run" in errors[0] and not (tmp_path / "child" / "checkpoint.pt").exists()
+
+
+def test_init_from_with_other_settings_is_planned_with_the_runs_plan_flags(parent, tmp_path):
+    """A run started with --device-budget and --cache (flags refused with --init-from) is planned
+    anew for a spec of other training settings as it was planned: with the same budget and cache,
+    not the defaults (its tables went from the host to the device)."""
+    import json
+
+    spec = _spec(tmp_path / "spec.yaml")
+    run = _train(spec, tmp_path / "small", parent["data"], "--max-steps", "2", "--device-budget", "4KiB",
+                 "--cache", "static_hot")
+    assert run.exit_code == 0, run.output
+    tuned = _spec(tmp_path / "tuned.yaml", LR_DENSE="0.003", BATCH="48")
+    child = _train(tuned, tmp_path / "child", parent["data"], "--init-from", str(tmp_path / "small"), "--max-steps", "2")
+    assert child.exit_code == 0, child.output
+
+    def placements(folder: Path) -> list:
+        return [(g["name"], g["placement"]) for g in json.loads((folder / "plan.json").read_text())["groups"]]
+
+    assert placements(tmp_path / "child") == placements(tmp_path / "small") and \
+        {p for _, p in placements(tmp_path / "small")} == {"host"}
