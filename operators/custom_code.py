@@ -102,8 +102,9 @@ def exits_refused() -> Iterator[None]:
     try:
         yield
     except SystemExit as exc:
+        # with the user's frames (where it exited), so `state_failure` can name whose code it was
         raise ExitAttempt(f"tried to end the process: sys.exit({exc.code!r}) (or exit(), quit(); raise an exception "
-                          "to fail)") from None
+                          "to fail)").with_traceback(exc.__traceback__) from None
     finally:
         os._exit = real
 

@@ -85,11 +85,11 @@ FILES: dict[str, frozenset[str]] = {
         "test_dist_incremental", "test_dist_specs", "test_dist_train", "test_sigkill_resume",
         "test_dist_managed_owner", "test_dist_checkpoint_background",
         "test_nproc_signals", "test_data_signals", "test_dist_managed", "test_retrieval_negatives_ranks", "test_retrieval_ranks_exact",
-        "test_nproc_nonfinite",
+        "test_nproc_nonfinite", "test_nproc_custom_failure",
     )},
     **{f"tests/integration/{name}.py": frozenset({"e2e"}) for name in (
         "test_calibrate", "test_cli_options", "test_data_convert", "test_data_diagnostics",
-        "test_encoder_travels", "test_incremental", "test_incremental_checkpoints", "test_model_package",
+        "test_encoder_travels", "test_incremental", "test_init_from_tuning", "test_incremental_checkpoints", "test_model_package",
         "test_predict_criteo", "test_python_api", "test_run_guarantees", "test_run_hostile", "test_train",
         "test_train_loop", "test_train_plan", "test_train_compile", "test_vocab_spare", "test_output_hostile", "test_package_hostile",
         "test_custom_module", "test_heads_package", "test_regularize_package", "test_managed_runs", "test_follow",

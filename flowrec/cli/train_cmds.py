@@ -81,7 +81,7 @@ def train(
     compile_dense: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="Compile the dense stage (torch.compile, inductor; eager where compiling fails): faster steps after a one-off compile of tens of seconds, so for long runs; on a CPU the eager fp32 stage (oneDNN linear layers) can be faster: compare. Same parameters (allclose). Default: off."),
     cache_data: Optional[str] = typer.Option(None, "--cache-data", help="Keep the data's decoded rows (training and evaluation sets) in memory after their first pass, so later epochs and evaluations read and decode no files: auto (a Parquet dataset whose rows, as staged, fit half the memory still available; synthetic rows are in memory already), on (any dataset, any size), off (read every epoch), or a byte size such as 2GiB (auto with that budget). Costs 4 bytes per dense value, label and sparse id of every row (8 per id of a packed table of more than 2^31 rows), a row padded to a cache line where that saves one (about 229 MiB per 1.5M Criteo rows, 160 bytes each) for the whole run. Only one-id-per-field data (DLRM, DCN, W&D) is kept; sequences and managed tables are read every epoch. Default: auto."),
     nan_policy: Optional[str] = typer.Option(None, "--nan-policy", help="On a non-finite loss: stop (exit 2, the last checkpoint kept) or skip-batch (skip that batch's update and count it). Default: stop."),
-    init_from: Optional[Path] = typer.Option(None, "--init-from", help="Start from this trained run (folder or checkpoint): its tables, dense parameters and optimizer state, its plan and its encoder (the data must be encoded with it: `flowrec data convert ... --encoder-from RUN`). The run starts at step 0 and records its parent in run.json."),
+    init_from: Optional[Path] = typer.Option(None, "--init-from", help="Start from this trained run (folder or checkpoint): its tables, dense parameters and optimizer state, its plan and its encoder (the data must be encoded with it: `flowrec data convert ... --encoder-from RUN`). The run starts at step 0 and records its parent in run.json. The spec may change training settings (learning rates, optimizers, dropout, batch size), not the weights' layout (docs/runs.md)."),
     fresh_optimizer: bool = typer.Option(False, "--fresh-optimizer", help="With --init-from: start the optimizer state afresh (parameters only)."),
     report: bool = typer.Option(False, "--report", help="After training, show measured step time, stage seconds, host<->device bytes and hit rates next to the planner's predictions."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
@@ -670,7 +670,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
         plan = _for_ranks(_stored_plan_or_exit(state, folder, spec, world=world), spec, ranks)
     elif parent is not None:  # a run started from another trains its plan (same model and layout)
         device = device_for_run(spec, settings["device"] or "auto")
-        plan = _for_ranks(_stored_plan_or_exit(parent, Path(settings["init_from"]), spec, True, world), spec, ranks)
+        plan = _init_from_plan_or_exit(parent, settings, spec, world, ranks, request.quiet)
     else:
         plan, device = plan_for_run(spec, settings["device"] or "auto", settings["device_budget"], plan_file, _say,
                                     profile, settings["target"], settings["data"], ranks, settings.get("epochs"),
@@ -759,14 +759,17 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
         if out_of_memory(exc):  # torch's CUDA error, or the CPU allocator's RuntimeError
             fail(f"out of memory at step {trainer.position.step + 1} on {session.device}: {first_line(exc)}; "
                  f"{trainer.checkpoint_note()}. {memory_hint()}", EXIT_OUT_OF_MEMORY)
-        _fail_if_custom(exc, trainer)
+        _fail_if_custom(exc, trainer, world)
         if world is None:
             raise
         where = (f"stopped at the end of the run, after its last step ({trainer.position.step})"
                  if trainer.finished(session.train) else f"stopped at step {trainer.position.step + 1}")
+        if refused := world.refused_ranks():  # a custom module raised there: stop as one process does (exit 2)
+            fail(f"{where}: rank {refused[0]} stopped on its custom module (its line says why); "
+                 f"{trainer.checkpoint_note()}")
         fail(f"{where}: {_rank_lost(world, exc)}; {trainer.checkpoint_note()}", EXIT_RANK_FAILED)
     except Exception as exc:  # a user's custom module may raise anything in training or evaluation
-        _fail_if_custom(exc, trainer)
+        _fail_if_custom(exc, trainer, world)
         raise
     finally:
         session.close_data()
@@ -786,15 +789,19 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
         raise typer.Exit(EXIT_INTERRUPTED)
 
 
-def _fail_if_custom(exc: BaseException, trainer: "Trainer") -> None:
+def _fail_if_custom(exc: BaseException, trainer: "Trainer", world=None) -> None:
     """One line naming the custom module whose forward raised `exc` in training or evaluation
     (its own traceback is the user's code: `flowrec train` showed a traceback through flowrec's), or
     the custom modules of a model whose backward raised it, or the one whose state code raised it
-    (a checkpoint's state_dict, a resume's load)."""
+    (a checkpoint's state_dict, a resume's load). Under `--nproc N` the other ranks learn it
+    (`World.mark_refused`), so the run ends with status 2 on every rank, its folder as one process
+    leaves it."""
     from operators.custom import backward_failure, custom_failure, state_failure
 
     named = custom_failure(exc) or backward_failure(exc, trainer.model) or state_failure(exc, trainer.model)
     if named is not None:
+        if world is not None:
+            world.mark_refused()
         fail(f"at step {trainer.position.step + 1}: {named}; {trainer.checkpoint_note()}")
 
 
@@ -918,14 +925,99 @@ def _parent_or_exit(settings: dict) -> dict | None:
 
 
 def _start_from(trainer, parent: dict, settings: dict) -> None:
-    """Load the parent run's parameters (and optimizer state) into the trainer, at step 0."""
-    from flowrec.runs.init_from import starting_state
+    """Load the parent run's parameters (and optimizer state) into the trainer, at step 0: an
+    optimizer of the kind the parent's was keeps its state (with the spec's hyper-parameters), one
+    of another kind starts fresh, said in a note."""
+    from flowrec.runs.changes import recorded_spec
+    from flowrec.runs.init_from import optimizer_kinds, starting_state
 
-    fresh = trainer.optimizer.state_dict() if settings["fresh_optimizer"] else None
-    model_state = trainer.model_state_like(initial_states=fresh is not None)
-    trainer.load_state(starting_state(parent, model_state, fresh), settings["init_from"])
-    _say(f"starting from {settings['init_from']} (parameters"
-         f"{'' if settings['fresh_optimizer'] else ' and optimizer state'}), at step 0")
+    old = recorded_spec(parent)
+    dense_kind, sparse_kind = optimizer_kinds(old, trainer.spec) if old is not None else (False, set())
+    own = trainer.optimizer.state_dict()
+    fresh = own if settings["fresh_optimizer"] or dense_kind else None
+    groups = {f"{g.name}." for g in trainer.plan.meta.groups if any(t.table in sparse_kind for t in g.tables)}
+    model_state = trainer.model_state_like(initial_states=fresh is not None or bool(groups))
+    if settings["fresh_optimizer"]:
+        trainer.load_state(starting_state(parent, model_state, fresh), settings["init_from"])
+    else:
+        trainer.load_state(starting_state(parent, model_state, fresh, own,
+                                          lambda key: any(f".{g}" in f".{key}" for g in groups)),
+                           settings["init_from"])
+    if old is not None and not settings["fresh_optimizer"] and (dense_kind or sparse_kind):
+        kinds = ([f"the dense optimizer is {trainer.spec.dense_optimizer.name} in the spec, "
+                  f"{old.dense_optimizer.name} in the run"] if dense_kind else []) + \
+            ([_sparse_kinds(old, trainer.spec, sorted(sparse_kind))] if sparse_kind else [])
+        _say(f"note: {'; '.join(kinds)}: its state starts fresh (the other optimizer state is the run's)")
+    carried = "" if settings["fresh_optimizer"] else \
+        " and optimizer state" if not (dense_kind or sparse_kind) else " and the optimizer state of the same kinds"
+    _say(f"starting from {settings['init_from']} (parameters{carried}), at step 0")
+
+
+def _parent_plan_settings(source: Path, settings: dict) -> dict:
+    """The plan flags (--device-budget, --cache, --target, --profile) the run at `source` recorded,
+    which a run started from it plans with (they are refused given with --init-from): settings'
+    own where run.json is unreadable or records none, a profile file gone left out."""
+    from flowrec.runs.settings import read_run_file
+    from flowrec.runtime.rundir import run_folder_of
+
+    try:
+        recorded = read_run_file(run_folder_of(source)) or {}
+    except Exception:  # a damaged run.json: planned as the flags say (none given)
+        recorded = {}
+    made = {key: recorded.get(key, settings.get(key)) for key in ("device_budget", "cache", "target", "profile")}
+    if made["profile"] and not Path(made["profile"]).is_file():
+        made["profile"] = None
+    return made
+
+
+def _sparse_kinds(old, new, tables: list[str]) -> str:
+    """E.g. "the sparse optimizer of table 'user' is rowwise_adagrad in the spec, adagrad in the run"."""
+    def kind(spec, name: str) -> str:
+        table = next(t for t in spec.tables if t.name == name)
+        return (table.optimizer or spec.sparse_optimizer).name
+
+    return "; ".join(f"the sparse optimizer of table {t!r} is {kind(new, t)} in the spec, {kind(old, t)} in the run"
+                     for t in tables)
+
+
+def _init_from_plan_or_exit(parent: dict, settings: dict, spec, world, ranks: int, quiet: bool):
+    """The plan a run started from `parent` trains: the parent's (the same model), or, for a spec
+    that differs from the parent's in training settings alone (lr, optimizer kinds, dropout, batch
+    size, precision: `flowrec.runs.init_from.training_view`), the spec's own plan, whose packed
+    groups must be the parent's (the checkpoint's layout); anything else is refused in one line
+    naming what differs."""
+    from flowrec.graph.plan_io import model_fingerprint
+    from flowrec.runs.changes import document_differences, listed, recorded_spec, _model_doc
+    from flowrec.runs.errors import RunError
+    from flowrec.runs.init_from import group_differences, training_view
+    from flowrec.runs.plan import plan_for_run
+    from flowrec.runtime.progress import reading_bar
+    from flowrec.serving.trained import stored_plan
+    from flowrec.runtime.checkpoint.store import CheckpointError
+
+    source = Path(settings["init_from"])
+    old = recorded_spec(parent)
+    if old is None or model_fingerprint(old) == model_fingerprint(spec) \
+            or model_fingerprint(training_view(old, spec)) != model_fingerprint(old):
+        return _for_ranks(_stored_plan_or_exit(parent, source, spec, True, world), spec, ranks)
+    made = _parent_plan_settings(source, settings)  # planned as the run was: its budget, cache, target, profile
+    try:
+        stored = stored_plan(parent, str(source / "checkpoint.pt"))
+        plan, _ = plan_for_run(spec, settings["device"] or "auto", made["device_budget"], None, _say,
+                               Path(made["profile"]) if made.get("profile") else None, made["target"],
+                               settings["data"], ranks, settings.get("epochs"), settings.get("max_steps"),
+                               reading_bar(not quiet and is_lead_rank()), cache=made["cache"])
+    except (CheckpointError, RunError) as exc:
+        _refuse(str(exc), world)
+    moved = group_differences(stored, plan)
+    if moved:
+        _refuse(f"the spec's model differs from the one the run in {source} was trained with: its training "
+                f"settings pack the tables otherwise, and the checkpoint's layout is the run's: {listed(moved)} "
+                f"(compare the spec with {source}/spec.json)", world)
+    changed = document_differences(_model_doc(old), _model_doc(spec))
+    _say(f"note: the spec's training settings differ from the run's, its weights' layout is the run's: "
+         f"{listed(changed)}")
+    return plan
 
 
 def _stored_plan_or_exit(state: dict, folder: Path, spec, starting_from: bool = False, world=None):

@@ -36,7 +36,7 @@ from operators import registry
 from operators.dense import concat_flat, flat_rows
 from operators.device import CompiledCall, runtime_for
 from operators.custom import CustomModule
-from operators.custom_code import CustomModuleError
+from operators.custom_code import CustomModuleError, ExitAttempt, UserCodeRefused, exits_refused
 from operators.regularize import GhostBatchNorm, SeededDropout
 
 GATHER_MIN_SLOTS = 4  # from this many input slots on, one gather replaces per-slot slices + cat
@@ -150,6 +150,19 @@ class LoweredModel(nn.Module):
         self._bind_noise(seed)
         self.retrieval = bind(plan.graph, self.group_map, spec, self.steps, self.head_nodes)
         self.managed = managed_state(spec, self.groups, seed, world) if tables else None  # the maps go with the tables
+
+    def load_state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        """nn.Module's, where a custom module's own load code (`set_extra_state`,
+        `_load_from_state_dict`) may not end the process: `--resume`, `--init-from`, `eval` and
+        `export` ended with status 0 and no word. Such an attempt is a `UserCodeRefused` whose
+        message names the module, its class file and the method (`state_failure`)."""
+        from operators.custom import state_failure
+
+        try:
+            with exits_refused():
+                return super().load_state_dict(*args, **kwargs)
+        except ExitAttempt as exc:
+            raise UserCodeRefused(state_failure(exc, self) or f"a custom module's load code {exc}") from None
 
     def _build_dense(self, graph: nx.DiGraph, spec: ModelSpec) -> None:
         """The registry operators of the dense nodes, in topological order, and the loss."""

@@ -64,6 +64,7 @@ from flowrec.runtime.retrieval import read_items, sampler as negative_sampler
 from flowrec.runtime.step import DEFAULT_LOOKAHEAD, gives_one_row, make_dense_optimizer, one_row_skip, train_step
 from flowrec.spec.load import to_dict
 from flowrec.spec.model import ModelSpec
+from operators.custom_code import UserCodeRefused
 from operators.device import forked_generators
 from operators.onednn import gemm_library
 
@@ -779,6 +780,8 @@ class Trainer:
         try:
             self._load_model_state(state["model"])
             self.optimizer.load_state_dict(state["dense_optimizer"])
+        except UserCodeRefused as exc:  # a custom module's load code tried to end the process
+            raise CheckpointError(f"cannot load {source}: {exc}") from None
         except (RuntimeError, ValueError, KeyError, TypeError) as exc:
             raise CheckpointError(f"{source} does not fit the spec's model "
                                   f"({first_line(exc)})") from None

@@ -58,6 +58,7 @@ from flowrec.runtime.session import open_dataset, resolve_device
 from flowrec.spec.load import spec_from_dict
 from flowrec.spec.model import ModelSpec
 from flowrec.spec.validate import validate_document
+from operators.custom_code import UserCodeRefused
 from operators.embedding import restoring_tables
 
 
@@ -215,6 +216,8 @@ def load_trained(run: Path, device: str, scoring: Callable[[Plan], Plan], mmap: 
     try:
         model.load_state_dict(state["model"], assign=assign)
     except (RuntimeError, ValueError) as exc:  # e.g. a managed map the checkpoint holds is damaged
+        if isinstance(exc, UserCodeRefused):  # a custom module's load code tried to end the process
+            raise CheckpointError(f"cannot load {source}: {exc}") from None
         if out_of_memory(exc):
             raise
         raise CheckpointError(f"{source} does not fit the spec's model ({first_line(exc)})") from None

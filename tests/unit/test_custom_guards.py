@@ -584,3 +584,80 @@ def test_a_state_dict_ending_the_process_at_a_checkpoint_is_one_line_and_a_failu
     (line,) = [line for line in done.output.splitlines() if line.startswith("error:")]
     assert f"custom module 'mine' ({tmp_path / 'late.py'}:LateExit): its state_dict() tried to end the process: " \
            "sys.exit(0)" in line and "no checkpoint was written" in line, line
+
+
+LOAD_EXIT = textwrap.dedent('''
+    import os
+    import sys
+    import torch
+    from torch import nn
+
+
+    class Leaver(nn.Module):
+        """Its state counts training calls; loading a trained one (count > 0) ends the process in
+        set_extra_state or in _load_from_state_dict (LEAVE_IN names which) when LEAVE_ON_LOAD is set:
+        the build's own round trip of an untrained one loads."""
+        def __init__(self, in_features):
+            super().__init__()
+            self.proj = nn.Linear(in_features, 3)
+            self.seen = 0
+
+        def forward(self, x):
+            if self.training:
+                self.seen += 1
+            return self.proj(x)
+
+        def get_extra_state(self):
+            return torch.tensor([float(self.seen)])
+
+        def set_extra_state(self, state):
+            if os.environ.get("LEAVE_IN") == "set_extra_state":
+                self._leave(state)
+            self.seen = int(state[0])
+
+        def _load_from_state_dict(self, state_dict, prefix, *args):
+            if os.environ.get("LEAVE_IN") == "_load_from_state_dict":
+                self._leave(state_dict[prefix + "_extra_state"])
+            super()._load_from_state_dict(state_dict, prefix, *args)
+
+        def _leave(self, state):
+            if os.environ.get("LEAVE_ON_LOAD") and float(state[0]) > 0:
+                sys.exit(int(os.environ["LEAVE_ON_LOAD"]))
+''')
+
+
+@pytest.fixture(scope="module")
+def leaver_run(tmp_path_factory) -> tuple[Path, Path, Path]:
+    root = tmp_path_factory.mktemp("leaver")
+    path = root / "leaver.py"
+    path.write_text(LOAD_EXIT)
+    spec = spec_file(root, f"{path}:Leaver")
+    done = train(str(spec), "--rows", str(random.randrange(200, 400)), "--out", str(root / "run"))
+    assert done.exit_code == 0, done.output
+    return spec, root / "run", path
+
+
+@pytest.mark.parametrize("command", ["eval", "export", "resume", "init_from"])
+def test_a_load_that_ends_the_process_is_one_line_naming_the_class_and_a_failure(leaver_run, tmp_path, monkeypatch,
+                                                                                 command):
+    """set_extra_state or _load_from_state_dict calling sys.exit(0) on --resume, eval, export or
+    --init-from ended flowrec with status 0 and no word (only the save path was guarded)."""
+    spec, run, path = leaver_run
+    method = random.choice(["set_extra_state", "_load_from_state_dict"])
+    status = random.choice([0, 0, 3])
+    monkeypatch.setenv("LEAVE_IN", method)
+    monkeypatch.setenv("LEAVE_ON_LOAD", str(status))
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    args = {"eval": ["eval", str(run), "--device", "cpu"],
+            "export": ["export", str(run), str(tmp_path / "pkg")],
+            "resume": ["train", str(spec), "--resume", str(run), "--epochs", "3", "-q", "--device", "cpu"],
+            "init_from": ["train", str(spec), "--init-from", str(run), "--out", str(tmp_path / "child"),
+                          "--rows", "200", "-q", "--device", "cpu"]}[command]
+    done = runner.invoke(app, args)
+    assert done.exit_code == 2, done.output
+    lines = [line for line in done.output.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and f"{path}:Leaver" in lines[0] and "tried to end the process" in lines[0], done.output
+    assert f"its {method}()" in lines[0] and f"sys.exit({status})" in lines[0], lines[0]
+    assert "Traceback" not in done.output
+    assert not (tmp_path / "pkg").exists() and not (tmp_path / "child").exists()
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before  # the run as it was

@@ -100,6 +100,24 @@ class World:
         dist.all_reduce(t)
         return bool(t.item() > 0)
 
+    def mark_refused(self) -> None:
+        """Record in the rendezvous store that this rank stops on bad input (a custom module that
+        raised: exit status 2), before it leaves: the ranks that lose it then (a closed connection)
+        stop as it does (`refused_ranks`), not as after a lost rank. Best effort: a store that cannot
+        be reached leaves the others' status 4."""
+        try:
+            dist.distributed_c10d._get_default_store().set(f"flowrec-refused/{self.rank}", "1")
+        except Exception:  # the store is gone with rank 0: nothing to tell
+            pass
+
+    def refused_ranks(self) -> list[int]:
+        """The other ranks that recorded stopping on bad input (`mark_refused`), without waiting."""
+        try:
+            store = dist.distributed_c10d._get_default_store()
+            return [r for r in range(self.size) if r != self.rank and store.check([f"flowrec-refused/{r}"])]
+        except Exception:  # no store: as if none did
+            return []
+
     def gather(self, value: Any) -> list[Any]:
         """Every rank's `value` (picklable), in rank order, on every rank: what the ranks saw when
         they agree on a step's outcome (which parameter of which rank is not finite)."""

@@ -1,0 +1,64 @@
+"""A custom module that raises on one rank of `flowrec train --nproc 2` ends the run as one process
+ends it: status 2, the module's line, and the run folder of a run that wrote no checkpoint removed
+(it was status 4 with run.json, metrics.jsonl, ... left behind and no checkpoint)."""
+from __future__ import annotations
+
+import random
+import textwrap
+from pathlib import Path
+
+import yaml
+
+from flowrec.testing.ranks import run_flowrec
+
+ROOT = Path(__file__).resolve().parents[2]
+TIMEOUT_S = 300  # every subprocess: a rank left waiting for the other fails the test, never hangs it
+CLASS = textwrap.dedent('''
+    import os
+    from torch import nn
+
+
+    class Flaky(nn.Module):
+        """Raises KeyError at its third training call on rank 1 (one process: RANK unset, as rank 1)."""
+        def __init__(self, in_features):
+            super().__init__()
+            self.proj = nn.Linear(in_features, 3)
+            self.calls = 0
+
+        def forward(self, x):
+            if self.training:
+                self.calls += 1
+                if self.calls == 3 and os.environ.get("RANK", "1") == "1":
+                    raise KeyError("no such user")
+            return self.proj(x)
+''')
+
+
+def _spec(tmp_path: Path) -> Path:
+    (tmp_path / "flaky.py").write_text(CLASS)
+    doc = {"name": "flaky",
+           "features": [{"name": "x0", "type": "dense"}, {"name": "x1", "type": "dense"},
+                        {"name": "user", "type": "categorical", "hash_buckets": 300, "dim": 8}],
+           "modules": [{"name": "mine", "kind": "custom", "class": f"{tmp_path / 'flaky.py'}:Flaky",
+                        "inputs": ["@dense", "@sparse"], "params": {"in_features": 10}},
+                       {"name": "top", "kind": "mlp", "inputs": ["mine"], "layers": [4]}],
+           "heads": [{"name": "ctr", "input": "top"}],
+           "optimizer": {"dense": {"name": "adam", "lr": 0.01}, "sparse": {"name": "adagrad", "lr": 0.05}},
+           "training": {"batch_size": 32, "seed": random.randrange(1 << 20)}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(doc))
+    return tmp_path / "s.yaml"
+
+
+def test_a_custom_module_raising_on_one_rank_ends_the_run_as_one_process_does(tmp_path: Path) -> None:
+    _spec(tmp_path)
+    rows = str(random.randrange(300, 500))
+    one = run_flowrec("train", "s.yaml", "--rows", rows, "-q", "--device", "cpu", "--out", "one", cwd=tmp_path,
+                      root=ROOT, timeout_s=TIMEOUT_S)
+    assert one.returncode == 2 and "raised KeyError" in one.stderr, one.stderr
+    assert not (tmp_path / "one").exists()  # what one process leaves: nothing
+    ranks = run_flowrec("train", "s.yaml", "--rows", rows, "-q", "--device", "cpu", "--nproc", "2", "--out", "run",
+                        cwd=tmp_path, root=ROOT, timeout_s=TIMEOUT_S)
+    assert ranks.returncode == 2, ranks.stderr
+    named = [line for line in ranks.stderr.splitlines() if line.startswith("error: rank 1: ")]
+    assert len(named) == 1 and "flaky.py:Flaky) raised KeyError" in named[0], ranks.stderr
+    assert "Traceback" not in ranks.stderr and not (tmp_path / "run").exists(), ranks.stderr
