@@ -95,7 +95,7 @@ FILES: dict[str, frozenset[str]] = {
         "test_custom_module", "test_heads_package", "test_regularize_package", "test_managed_runs", "test_follow",
         "test_tower_package", "test_sequence_package", "test_truncate_package", "test_runs_lifecycle", "test_retrieval_serving",
         "test_sasrec_train", "test_sequence_recommend", "test_eval_group_by",
-        "test_moved_run_class_file", "test_skip_hint_command", "test_resumed_state",
+        "test_moved_run_class_file", "test_skip_hint_command", "test_resumed_state", "test_serving_walk7",
     )},
     **{f"tests/integration/{name}.py": frozenset({"fuzz"}) for name in (
         "test_checkpoint_fuzz", "test_data_fuzz", "test_data_hostile",
