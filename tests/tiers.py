@@ -49,6 +49,7 @@ FILES: dict[str, frozenset[str]] = {
     )},
     "tests/unit/test_lifecycle_hostile.py": FAST,  # hostile input to runs, --follow, plan --managed-from
     "tests/unit/test_model_language_hostile.py": FAST,  # hostile specs of custom, heads, retrieval, sequences
+    "tests/unit/test_labels7_messages.py": FAST,  # text labels, counts of one, close column names, NaN scores
     "tests/unit/test_walk_hostile.py": FAST,  # what a hostile user walking the README found
     "tests/unit/test_cli_errors.py": FAST,  # the command line's own errors: one line, exit 2, every command
     "tests/unit/test_ingest_hostile.py": FAST,  # the seeded split, Parquet folders, missing spec files

@@ -39,7 +39,8 @@ from flowrec.data.look_alike import look_alike_note, look_alikes
 from flowrec.data.encoder_record import record_of_encoder
 from flowrec.data.error_log import ErrorLog, ErrorPolicy
 from flowrec.data.id_forms import IdForms
-from flowrec.data.labels import PLUS_MINUS_FORMATS, check_labels, label_features, label_spaces, label_tasks
+from flowrec.data.labels import (PLUS_MINUS_FORMATS, check_labels, label_features, label_spaces, label_tasks,
+                                 text_label_line)
 from flowrec.data.layout import (VOCAB_DIR, DataError, DatasetMeta, data_hash, encoded_rows, encoding_mode, is_multi,
                                  unique_labels, write_meta)
 from flowrec.data.output import staged_output
@@ -48,7 +49,7 @@ from flowrec.data.raw_ids import check_float_ids, check_ids
 from flowrec.data.rawstats import RawStats
 from flowrec.data.sequences import TEST_COLUMN, split_option
 from flowrec.data.separators import DEFAULT_SEQUENCE_SEP, check_sequence_separators, header_separator
-from flowrec.data.sources import FORMAT_ALIASES, LINE_COLUMN, feature_map_of, reader
+from flowrec.data.sources import FORMAT_ALIASES, LINE_COLUMN, TextColumn, feature_map_of, reader
 from flowrec.data.vocab_growth import TableGrowth, grow_encoder
 from flowrec.spec.model import ModelSpec
 
@@ -336,7 +337,7 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
             log = ErrorLog(log_policy, str(path))
             logs.append(log)
             labelled = EmptyLabels(spec, columns, tasks, spaces, str(path))  # a label column empty in every row
-            for chunk in read(path, opts, log, numeric):
+            for chunk in _label_text_said(read(path, opts, log, numeric), tasks):
                 _check_columns(chunk, spec, columns, path)
                 _check_id_columns(chunk, spec, columns, path, FORMAT_ALIASES.get(fmt, fmt) != "parquet")
                 if FORMAT_ALIASES.get(fmt, fmt) == "libsvm":
@@ -479,6 +480,21 @@ def _empty_side(inputs: list[Path], side: str) -> str:
     """The error of a split that put no row in `side` (train or test)."""
     return (f"no rows converted from {', '.join(str(p) for p in inputs)} into the {side} split: change "
             "test_fraction or split_seed, or convert more rows")
+
+
+def _label_text_said(chunks: Iterator[pa.Table], tasks: dict[str, str]) -> Iterator[pa.Table]:
+    """The chunks of a reader; a label column of mostly text (`TextColumn`) said in the label's
+    terms (`text_label_line`), not as a numeric column's."""
+    try:
+        yield from chunks
+    except TextColumn as exc:
+        if exc.column not in tasks:
+            raise
+        raise DataError(text_label_line(exc.column, exc.values, tasks[exc.column])) from None
+    finally:
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()
 
 
 def _last_rows(chunk: pa.Table) -> np.ndarray:

@@ -46,6 +46,29 @@ def label_tasks(spec: ModelSpec, columns: dict[str, str]) -> dict[str, str]:
     return tasks
 
 
+NEGATIVE_WORDS = ("no", "n", "false", "f", "neg", "negative", "0", "noclick", "not")  # mapped to 0 in the example
+
+
+def text_label_line(column: str, values: list[str], task: str) -> str:
+    """One line for a label column (`label_tasks`' source column and task) whose values are
+    mostly text (`flowrec.data.sources.TextColumn`): what it must hold and how to map it before
+    converting, with no hint to skip such rows (skipping them drops most rows).
+
+    >>> text_label_line("clk", ["no", "yes"], "binary")
+    "label column clk holds text ('no', 'yes'), not numbers: a binary head's label must be 0 or 1; map it before converting, e.g. in pandas: df['clk'] = df['clk'].map({'no': 0, 'yes': 1})"
+    """
+    words = sorted(values, key=lambda v: (v.lower() not in NEGATIVE_WORDS, v))
+    example = ", ".join(f"{v!r}: {i}" for i, v in enumerate(words[:3]))
+    must = {"binary": "a binary head's label must be 0 or 1",
+            "weight": "a sample weight must be a number >= 0",
+            "regression": "a regression head's label must be a number"}.get(task)
+    if must is None:  # multiclass:N
+        must = f"a multiclass head's label must be a class number 0 .. {int(task.split(':')[1]) - 1}"
+    mapped = (f"; map it before converting, e.g. in pandas: df[{column!r}] = df[{column!r}].map({{{example}}})"
+              if task.startswith(("binary", "multiclass")) else "")
+    return f"label column {column} holds text ({', '.join(repr(v) for v in values)}), not numbers: {must}{mapped}"
+
+
 def _task(head) -> str:
     return f"multiclass:{head.num_classes}" if head.task == "multiclass" else head.task
 

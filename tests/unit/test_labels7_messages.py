@@ -1,0 +1,58 @@
+"""Messages a user walk found misleading: text labels, counts of one, close column names."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from package_flow import invoke
+
+CTR = """
+name: ctr_walk
+features:
+  - {name: user_id, type: categorical, vocab: 60, dim: 8}
+  - {name: price, type: dense}
+modules:
+  - {name: top, kind: mlp, inputs: [user_id, price], layers: [8]}
+heads:
+  - {name: ctr, input: top, task: binary}
+data: {format: csv, label: clk}
+training: {batch_size: 64, epochs: 1, seed: 0}
+"""
+
+
+def _clicks(rng: np.random.Generator, n: int, label) -> pd.DataFrame:
+    return pd.DataFrame({"user_id": rng.zipf(1.5, n) % 50, "price": rng.gamma(2.0, 3.0, n), "clk": label})
+
+
+@pytest.mark.parametrize("policy", ["fail", "skip"])
+def test_a_text_label_column_says_to_map_it_to_numbers_not_to_skip_rows(tmp_path, policy):
+    rng = np.random.default_rng()
+    n = int(rng.integers(50, 400))
+    rows = _clicks(rng, n, np.where(rng.random(n) < 0.15, "yes", "no"))
+    rows.to_csv(tmp_path / "train.csv", index=False)
+    (tmp_path / "spec.yaml").write_text(CTR)
+    result = invoke(["data", "convert", "csv", tmp_path / "train.csv", tmp_path / "data", "--spec",
+                     tmp_path / "spec.yaml", "--on-error", policy])
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1, result.output
+    assert "label column clk holds text" in lines[0] and "0 or 1" in lines[0], lines[0]
+    assert "map({'no': 0, 'yes': 1})" in lines[0], lines[0]
+    assert "--on-error" not in lines[0] and "malformed" not in lines[0], lines[0]
+    assert not (tmp_path / "data").exists()
+
+
+def test_one_text_label_among_numbers_is_still_a_malformed_row_to_skip(tmp_path):
+    rng = np.random.default_rng()
+    n = int(rng.integers(50, 400))
+    labels = (rng.random(n) < 0.2).astype(int).astype(str)
+    labels[int(rng.integers(0, n))] = "yes"
+    _clicks(rng, n, labels).to_csv(tmp_path / "train.csv", index=False)
+    (tmp_path / "spec.yaml").write_text(CTR)
+    result = invoke(["data", "convert", "csv", tmp_path / "train.csv", tmp_path / "data", "--spec",
+                     tmp_path / "spec.yaml"])
+    assert result.exit_code == 2 and "non-numeric value 'yes' in column clk" in result.output, result.output
+    assert "--on-error skip" in result.output
