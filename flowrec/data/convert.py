@@ -37,6 +37,7 @@ from flowrec.data.encode import Encoder, UnseenIds, encodable_rows, fit_encoder,
 from flowrec.data.empty_columns import EmptyColumns, EmptyLabels
 from flowrec.data.look_alike import look_alike_note, look_alikes
 from flowrec.data.encoder_record import record_of_encoder
+from flowrec.data.close_names import close_name
 from flowrec.data.error_log import ErrorLog, ErrorPolicy
 from flowrec.data.id_forms import IdForms
 from flowrec.data.labels import (PLUS_MINUS_FORMATS, check_labels, label_features, label_spaces, label_tasks,
@@ -623,25 +624,23 @@ def _check_columns(chunk: pa.Table, spec: ModelSpec, columns: dict[str, str], pa
 
 
 def _close_columns(header: list[str], missing: list[str], needed: list[str], columns: dict[str, str]) -> str:
-    """For each missing column, the input's column of a close name that the spec does not read
-    (case aside), as a typo in the spec's name or in its data.columns mapping; "" for none.
+    """For each missing column, the input's column of a really close name (`close_name`) that the
+    spec does not read, as a typo in the spec's name or in its data.columns mapping; "" for none.
 
     >>> _close_columns(["clk", "userid", "click_sequence"], ["click_sequense"], ["clk", "click_sequense"], {})
     "is 'click_sequense' the input's 'click_sequence' (read by no feature or label)? correct the spec's name, or map it with data.columns: {click_sequense: click_sequence}"
     >>> _close_columns(["clk", "userid"], ["user_id"], ["clk", "user_id"], {"user": "user_id"})
     "data.columns maps 'user' to 'user_id': is it the input's 'userid' (read by no feature or label)?"
-    >>> _close_columns(["id", "clk"], ["user"], ["clk", "user"], {})
-    ''
+    >>> _close_columns(["id", "clk"], ["user"], ["clk", "user"], {}), _close_columns(["item_id"], ["cate_id"], ["cate_id"], {})
+    ('', '')
     """
-    import difflib
-
-    unread = {name.lower(): name for name in header if name not in needed}
+    unread = [name for name in header if name not in needed]
     notes = []
     for column in missing:
-        close = difflib.get_close_matches(column.lower(), list(unread), n=1, cutoff=0.6)
-        if not close:
+        found = close_name(column, unread)  # really close: not 'cate_id' for 'item_id' (`flowrec.data.close_names`)
+        if found is None:
             continue
-        found = unread.pop(close[0])
+        unread.remove(found)
         mapped = [name for name, target in columns.items() if target == column and name != column]
         if mapped:
             notes.append(f"data.columns maps {mapped[0]!r} to {column!r}: is it the input's {found!r} (read by no "

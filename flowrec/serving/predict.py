@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
+from flowrec.data.close_names import close_name
 from flowrec.data.empty_columns import EmptyColumns
 from flowrec.data.encode import Encoder, UnseenIds
 from flowrec.data.encoder_record import (ENCODER_FILE, EncoderRecord, load_encoder, read_record,
@@ -475,26 +476,25 @@ def _warn(lines: list[str]) -> None:
 
 def close_columns(missing: list[str], others: list[Any]) -> str:
     """`` (the rows have 'userid': rename it to 'user_id'?)`` for the columns the rows have, read by
-    no feature, that are close to a missing one (case aside), else ``""``; a column whose name only
+    no feature, that are really close to a missing one (`close_name`), else ``""``; a column whose name only
     looks like a missing one's (an accent written apart, a no-break space) is shown with both names'
     code points, as they print alike (`flowrec.data.look_alike`).
 
     >>> close_columns(["user_id", "price"], ["User_ID", "label", "prices"])
     " (the rows have 'User_ID', 'prices': rename them to 'user_id', 'price'?)"
-    >>> close_columns(["user_id"], ["label"])
-    ''
+    >>> close_columns(["user_id"], ["label"]), close_columns(["cate_id", "userid"], ["item_id", "user_id"])
+    ('', " (the rows have 'user_id': rename it to 'userid'?)")
     >>> print(close_columns(["us\u00e9r"], ["use\u0301r"]))
      (the rows' 'use\u0301r' looks like 'us\xe9r' but is written with other characters (an accent written apart, a no-break space): write the rows' name with the same characters)
     """
-    import difflib
-
     alike = look_alikes([str(c) for c in others], missing)
-    texts = {str(c).lower(): str(c) for c in others if str(c) not in {n for n, _ in alike}}
+    texts = [str(c) for c in others if str(c) not in {n for n, _ in alike}]
     pairs = []
     for name in missing:
-        close = difflib.get_close_matches(name.lower(), list(texts), n=1, cutoff=0.6)
-        if close and name not in {w for _, w in alike}:
-            pairs.append((texts.pop(close[0]), name))
+        close = close_name(name, texts)  # really close: not 'cate_id' for 'item_id' (`flowrec.data.close_names`)
+        if close is not None and name not in {w for _, w in alike}:
+            texts.remove(close)
+            pairs.append((close, name))
     said = "".join(f" (the rows' {look_alike_note(*pair)}: write the rows' name with the same characters)"
                    for pair in alike)
     if not pairs:

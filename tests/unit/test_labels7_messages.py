@@ -56,3 +56,37 @@ def test_one_text_label_among_numbers_is_still_a_malformed_row_to_skip(tmp_path)
                      tmp_path / "spec.yaml"])
     assert result.exit_code == 2 and "non-numeric value 'yes' in column clk" in result.output, result.output
     assert "--on-error skip" in result.output
+
+
+SEQ = """
+name: close_walk
+features:
+  - {name: userid, type: categorical, vocab: 60, dim: 8}
+  - {name: cate_id, type: categorical, vocab: 60, dim: 8}
+  - {name: price, type: dense}
+modules:
+  - {name: top, kind: mlp, inputs: [userid, cate_id, price], layers: [8]}
+heads:
+  - {name: ctr, input: top, task: binary}
+data: {format: csv, label: clk}
+"""
+
+
+def test_a_missing_column_is_guessed_only_from_a_really_close_name(tmp_path):
+    """'cate_id' missing where the input has 'item_id' (ratio 0.71: it was 'is 'cate_id' the input's
+    'item_id'?'); 'user_id' for 'userid' is still guessed."""
+    from flowrec.serving.predict import close_columns
+
+    rng = np.random.default_rng()
+    n = int(rng.integers(20, 200))
+    pd.DataFrame({"user_id": rng.zipf(1.5, n) % 50, "item_id": rng.zipf(1.3, n) % 50,
+                  "price": rng.gamma(2.0, 3.0, n), "clk": (rng.random(n) < 0.2).astype(int)}
+                 ).to_csv(tmp_path / "train.csv", index=False)
+    (tmp_path / "spec.yaml").write_text(SEQ)
+    result = invoke(["data", "convert", "csv", tmp_path / "train.csv", tmp_path / "data", "--spec",
+                     tmp_path / "spec.yaml"])
+    assert result.exit_code == 2, result.output
+    assert "is 'userid' the input's 'user_id'" in result.output, result.output
+    assert "'item_id' (read by" not in result.output, result.output
+    said = close_columns(["cate_id", "userid"], ["item_id", "user_id", "rating"])
+    assert said == " (the rows have 'user_id': rename it to 'userid'?)", said
