@@ -11,6 +11,7 @@ import math
 from typing import Any
 
 from flowrec.runtime.messages import number_cell  # one formatter: the table, the bar, inspect
+from flowrec.spec.units import counted
 
 COLUMN_ORDER = ("auc", "gauc", "pr_auc", "logloss", "ne", "calibration", "mse", "mae")
 
@@ -71,7 +72,7 @@ def undefined_notes(metrics: dict[str, dict[str, Any]]) -> list[str]:
         else:
             continue
         named = " and ".join([", ".join(undefined[:-1]), undefined[-1]] if len(undefined) > 1 else undefined)
-        lines.append(f"{head}: {what} ({int(m['samples']):,} rows): {named} {'is' if len(undefined) == 1 else 'are'} "
+        lines.append(f"{head}: {what} ({counted(int(m['samples']), 'row')}): {named} {'is' if len(undefined) == 1 else 'are'} "
                      f"undefined ('-' in the table, null in JSON)")
     return lines
 

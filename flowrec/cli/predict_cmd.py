@@ -17,6 +17,7 @@ import typer
 from flowrec.cli.common import fail, say, skipped_lines
 from flowrec.runtime.messages import first_line
 from flowrec.spec.schema_errors import did_you_mean
+from flowrec.spec.units import counted
 
 EXIT_INTERRUPTED = 130
 
@@ -110,7 +111,7 @@ def zero_note(zero: int, rows: int, first: int) -> str:
     >>> zero_note(2, 10, 3)
     '2 of 10 rows have an all-zero query vector (e.g. an empty history, or ids the model holds no row for; the first is row 3 of the output, from 0): every item scores 0 for them, so their items are arbitrary, not recommendations'
     """
-    return (f"{zero:,} of {rows:,} rows have an all-zero query vector (e.g. an empty history, or ids the model "
+    return (f"{zero:,} of {counted(rows, 'row')} {'has' if zero == 1 else 'have'} an all-zero query vector (e.g. an empty history, or ids the model "
             f"holds no row for; the first is row {first} of the output, from 0): every item scores 0 for them, so "
             "their items are arbitrary, not recommendations")
 
@@ -289,7 +290,7 @@ def nonfinite_note(count: int, rows: int, first: int) -> str:
     >>> nonfinite_note(2, 10, 3)
     '2 of 10 rows have a score that is not a finite number (NaN or infinite; NaN is written as an empty cell); the first is row 3 of the output, from 0: the model computes no score for them (a dense input of NaN or infinity, an overflow in a custom module?)'
     """
-    return (f"{count:,} of {rows:,} rows have a score that is not a finite number (NaN or infinite; NaN is "
+    return (f"{count:,} of {counted(rows, 'row')} {'has' if count == 1 else 'have'} a score that is not a finite number (NaN or infinite; NaN is "
             f"written as an empty cell); the first is row {first} of the output, from 0: the model computes no "
             "score for them (a dense input of NaN or infinity, an overflow in a custom module?)")
 

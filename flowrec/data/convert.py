@@ -585,7 +585,8 @@ def _check_rows(report: ConvertReport, inputs: list[Path], fmt: str) -> None:
     """Raise DataError if the conversion (or one side of its split) holds no rows."""
     names = ", ".join(str(p) for p in inputs)
     if not report.rows and report.errors:
-        raise DataError(f"no rows converted from {names}: all {report.errors:,} rows were malformed "
+        raise DataError(f"no rows converted from {names}: "
+                        + (f"all {report.errors:,} rows were" if report.errors > 1 else "its one row was") + " malformed "
                         f"(first: {report.error_examples[0]})")
     if not report.rows:
         skipped = [note for p in inputs if fmt == "parquet" and (note := skipped_note(p))]

@@ -90,3 +90,31 @@ def test_a_missing_column_is_guessed_only_from_a_really_close_name(tmp_path):
     assert "'item_id' (read by" not in result.output, result.output
     said = close_columns(["cate_id", "userid"], ["item_id", "user_id", "rating"])
     assert said == " (the rows have 'user_id': rename it to 'userid'?)", said
+
+
+def test_a_count_of_one_reads_in_the_singular(tmp_path):
+    """'every training label of head ctr (column clk) ... is 0 (1 rows)': counts of one said 'rows'."""
+    from types import SimpleNamespace
+
+    from flowrec.cli.predict_cmd import nonfinite_note, zero_note
+    from flowrec.runtime.session import label_warnings
+    from flowrec.spec.load import load_spec
+
+    rng = np.random.default_rng()
+    (tmp_path / "spec.yaml").write_text(CTR)
+    _clicks(rng, 1, 0).to_csv(tmp_path / "one.csv", index=False)
+    result = invoke(["data", "convert", "csv", tmp_path / "one.csv", tmp_path / "data", "--spec",
+                     tmp_path / "spec.yaml", "-q"])
+    assert result.exit_code == 0, result.output
+    (line,) = label_warnings(load_spec(tmp_path / "spec.yaml"), SimpleNamespace(path=tmp_path / "data"))
+    assert "is 0 (1 row): it can only learn to predict 0" in line, line
+    many = int(rng.integers(2, 5000))
+    assert nonfinite_note(1, 1, 0).startswith("1 of 1 row has a score"), nonfinite_note(1, 1, 0)
+    assert nonfinite_note(2, many, 0).startswith(f"2 of {many:,} rows have a score")
+    assert zero_note(1, 1, 0).startswith("1 of 1 row has an all-zero query vector"), zero_note(1, 1, 0)
+    rows = _clicks(rng, 1, 1)
+    rows["price"] = "inf"  # its one row malformed
+    rows.to_csv(tmp_path / "bad.csv", index=False)
+    result = invoke(["data", "convert", "csv", tmp_path / "bad.csv", tmp_path / "bad", "--spec",
+                     tmp_path / "spec.yaml", "--on-error", "skip"])
+    assert result.exit_code == 2 and "its one row was malformed" in result.output, result.output
