@@ -55,9 +55,9 @@ def undefined_notes(metrics: dict[str, dict[str, Any]]) -> list[str]:
     lines = []
     for head, m in metrics.items():
         if m.get("samples") and "logloss" in m and _missing(m["logloss"]):  # of any labels: NaN scores
-            lines.append(f"{head}: the model scored NaN for some of the {int(m['samples']):,} evaluation rows (a "
-                         f"parameter or an input beyond float32): its metrics are undefined ('-' in the table, "
-                         f"null in JSON)")
+            why = getattr(metrics, "nonfinite", None) or "a parameter or an input beyond float32"  # (`Metrics`)
+            lines.append(f"{head}: the model scored NaN for some of the {counted(int(m['samples']), 'evaluation row')} "
+                         f"({why}): its metrics are undefined ('-' in the table, null in JSON)")
             continue
         if not m.get("samples") or "auc" not in m:
             continue

@@ -250,7 +250,8 @@ def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: l
     if writer is None:
         raise ValueError(_no_rows(raw, log, fmt or getattr(model.spec.data, "format", None)))
     items = len(model.items.raw_items) if top_k is not None else 0
-    notes = [nonfinite_note(nonfinite, rows, first_bad)] if nonfinite else []
+    customs = [f"{m.name!r} ({m.param('class')})" for m in model.spec.modules if m.kind == "custom"]
+    notes = [nonfinite_note(nonfinite, rows, first_bad, customs)] if nonfinite else []
     notes += model.empty_columns().lines(str(raw))  # a column empty in every row of RAW, once a run
     return rows, log.count, model.zero_queries, model.first_zero_query, items, notes + model.unseen_ids().lines()
 
@@ -284,15 +285,21 @@ def not_finite_rows(table: Any) -> Any:
     return bad
 
 
-def nonfinite_note(count: int, rows: int, first: int) -> str:
-    """The warning for scores that are not finite numbers.
+def nonfinite_note(count: int, rows: int, first: int, customs: list[str] = ()) -> str:
+    """The warning for scores that are not finite numbers; `customs`: the package's custom modules
+    (`'NAME' (CLASS)`), named as the likely source (training's non-finite loss names the one at fault).
 
     >>> nonfinite_note(2, 10, 3)
     '2 of 10 rows have a score that is not a finite number (NaN or infinite; NaN is written as an empty cell); the first is row 3 of the output, from 0: the model computes no score for them (a dense input of NaN or infinity, an overflow in a custom module?)'
+    >>> nonfinite_note(1, 10, 0, ["'mine' (x.py:Mine)"]).split(": the model computes no score for it ")[1]
+    "(a dense input of NaN or infinity, or custom module 'mine' (x.py:Mine) returning NaN or infinity on such rows?)"
     """
-    return (f"{count:,} of {counted(rows, 'row')} {'has' if count == 1 else 'have'} a score that is not a finite number (NaN or infinite; NaN is "
-            f"written as an empty cell); the first is row {first} of the output, from 0: the model computes no "
-            "score for them (a dense input of NaN or infinity, an overflow in a custom module?)")
+    source = (f"or custom module {', '.join(customs)} returning NaN or infinity on such rows" if customs else
+              "an overflow in a custom module")
+    return (f"{count:,} of {counted(rows, 'row')} {'has' if count == 1 else 'have'} a score that is not a finite "
+            f"number (NaN or infinite; NaN is written as an empty cell); the first is row {first} of the output, from "
+            f"0: the model computes no score for {'it' if count == 1 else 'them'} (a dense input of NaN or infinity, "
+            f"{source}?)")
 
 
 SCORES_HEADER_LIMIT = 1 << 20  # bytes of an existing text --out read for its header line (1 MiB)

@@ -1,7 +1,6 @@
 """Messages a user walk found misleading: text labels, counts of one, close column names."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -118,3 +117,63 @@ def test_a_count_of_one_reads_in_the_singular(tmp_path):
     result = invoke(["data", "convert", "csv", tmp_path / "bad.csv", tmp_path / "bad", "--spec",
                      tmp_path / "spec.yaml", "--on-error", "skip"])
     assert result.exit_code == 2 and "its one row was malformed" in result.output, result.output
+
+
+EVAL_NAN = '''
+import torch
+from torch import nn
+
+
+class EvalNan(nn.Module):
+    """Finite while training; NaN in evaluation on the rows whose first input is above `above`."""
+    def __init__(self, in_features, above):
+        super().__init__()
+        self.proj = nn.Linear(in_features, 3)
+        self.above = above
+
+    def forward(self, x):
+        h = self.proj(x)
+        if self.training:
+            return h
+        return torch.where(x[:, :1] > self.above, torch.full_like(h, float("nan")), h)
+'''
+
+
+def test_nan_evaluation_scores_name_the_custom_module_that_returned_them(tmp_path):
+    """'the model scored NaN for some of the N evaluation rows (a parameter or an input beyond
+    float32)' named no module, where training's non-finite loss names it (non_finite_outputs)."""
+    import yaml
+
+    rng = np.random.default_rng()
+    above = float(rng.uniform(0.5, 1.5))
+    (tmp_path / "evalnan.py").write_text(EVAL_NAN)
+    doc = {"name": "evalnan",
+           "features": [{"name": "x0", "type": "dense"}, {"name": "x1", "type": "dense"},
+                        {"name": "user", "type": "categorical", "hash_buckets": 300, "dim": 8}],
+           "modules": [{"name": "mine", "kind": "custom", "class": f"{tmp_path / 'evalnan.py'}:EvalNan",
+                        "inputs": ["@dense", "@sparse"], "params": {"in_features": 10, "above": above}},
+                       {"name": "top", "kind": "mlp", "inputs": ["mine"], "layers": [4]}],
+           "heads": [{"name": "ctr", "input": "top"}],
+           "training": {"batch_size": 64, "seed": int(rng.integers(1 << 20))}}
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(doc))
+    rows = int(rng.integers(200, 400))
+    result = invoke(["train", tmp_path / "spec.yaml", "--rows", rows, "--out", tmp_path / "run", "-q",
+                     "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    (line,) = [x for x in result.output.splitlines() if "scored NaN" in x]
+    assert f"(custom module 'mine' ({tmp_path / 'evalnan.py'}:EvalNan) returned non-finite values for " in line, line
+    result = invoke(["eval", tmp_path / "run"])
+    (again,) = [x for x in result.output.splitlines() if "scored NaN" in x]
+    assert "custom module 'mine'" in again, again
+    count = again.split("returned non-finite values for ")[1].split(" rows")[0]
+    bad, of = (int(n.replace(",", "")) for n in count.split(" of "))
+    assert 0 < bad < of, again  # the rows above `above`, not all
+    assert invoke(["export", tmp_path / "run", tmp_path / "pkg"]).exit_code == 0
+    n = int(rng.integers(20, 200))
+    pd.DataFrame({"x0": above + rng.gamma(2.0, 1.0, n) * rng.choice([-1, 1], n), "x1": rng.normal(0, 3, n), "user": rng.zipf(1.5, n) % 300}
+                 ).to_csv(tmp_path / "rows.csv", index=False)
+    result = invoke(["predict", tmp_path / "pkg", tmp_path / "rows.csv", "--format", "csv", "--out",
+                     tmp_path / "scores.parquet"])
+    assert result.exit_code == 0, result.output
+    (note,) = [x for x in result.output.splitlines() if "not a finite number" in x]
+    assert f"or custom module 'mine' ({tmp_path / 'evalnan.py'}:EvalNan) returning NaN" in note, note
