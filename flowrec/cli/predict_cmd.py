@@ -205,7 +205,8 @@ def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: l
     model = load_model(model_dir)
     model.warn_unseen = model.warn_empty = False  # one line for every chunk, at the end
     if top_k is not None and model.items is None:
-        raise ValueError(f"{model_dir} has no retrieval head: --top-k needs a package of a retrieval run")
+        raise ValueError(f"{model_dir} has no retrieval head (its heads {', '.join(model.heads)} score rows): --top-k "
+                         "needs a package of a retrieval run; leave --top-k out for the heads' scores")
     beside = [h.name for h in model.other_heads] if top_k is not None else []
     _check_keep(keep, ["items", "scores", *beside] if top_k is not None else model.heads,
                 f"each row's top K items and their scores{', then the scores of heads ' + ', '.join(beside) if beside else ''}"

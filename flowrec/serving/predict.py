@@ -119,7 +119,8 @@ class LoadedModel:
             DataError: a raw column the query tower needs is missing (as `predict`).
         """
         if self.items is None:
-            raise ValueError(f"{self.path} has no retrieval head: --top-k needs a package of a retrieval run")
+            raise ValueError(f"{self.path} has no retrieval head (its heads {', '.join(self.heads)} score rows: "
+                             "model.predict(rows) gives their scores); recommend needs a package of a retrieval run")
         # k=-1, 2.5 or None were torch's errors naming no k, k=0 empty lists of items
         if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
             raise ValueError(f"k must be a whole number of items, at least 1, not {k!r:.40}")

@@ -55,3 +55,39 @@ def test_recommended_items_come_back_in_the_type_the_training_rows_wrote(tmp_pat
     assert result.exit_code == 0, result.output
     written = pq.read_table(root / "recs.parquet").schema.field("items").type.value_type
     assert written == (pa.int64() if kind == "integers" else pa.string())
+
+
+RANKING = """
+name: rank_walk
+features:
+  - {name: user_id, type: categorical, vocab: 60, dim: 8}
+  - {name: item_id, type: categorical, vocab: 40, dim: 8}
+modules:
+  - {name: top, kind: mlp, inputs: [user_id, item_id], layers: [8]}
+heads:
+  - {name: like, input: top, task: binary}
+data: {format: csv, label: label}
+training: {batch_size: 64, epochs: 1, seed: 0}
+"""
+
+
+def test_asking_a_ranking_package_for_items_says_what_it_scores_in_the_words_of_each_way(tmp_path):
+    """recommend on a package of no retrieval head said '--top-k needs ...' to a Python caller, and
+    neither said what the package does score."""
+    import re
+
+    rng = np.random.default_rng()
+    rows = _ratings(rng, rng.choice(np.arange(1, 500), 20, replace=False))
+    rows["label"] = (rng.random(len(rows)) < 0.3).astype(int)
+    root = train_and_export(tmp_path, RANKING, rows)
+    model = load_model(root / "pkg")
+    with pytest.raises(ValueError) as caught:
+        model.recommend(rows[["user_id"]].head(3), 2)
+    said = str(caught.value)
+    assert "its heads like score rows: model.predict(rows)" in said and "--top-k" not in said, said
+    (root / "users.csv").write_text(rows[["user_id", "item_id"]].head(5).to_csv(index=False))
+    result = invoke(["predict", root / "pkg", root / "users.csv", "--format", "csv", "--top-k", 2,
+                     "--out", root / "recs.parquet"])
+    assert result.exit_code == 2 and re.search(r"its heads like score rows\): --top-k needs a package of a "
+                                               r"retrieval run; leave --top-k out", result.output), result.output
+    assert not (root / "recs.parquet").exists()
