@@ -433,5 +433,24 @@ def _raw_chunks(model, raw: Path, fmt: Optional[str], on_error: str, keep: Optio
         columns = {f.name: model.encoder.source(f.name) for f in spec.features}
         rows = (one_index_each(chunk, spec, columns, log) for chunk in rows)
     chunks = (drop_unencodable(model.encoder, chunk, log) for chunk in rows)
-    return (chunk for chunk in chunks if chunk.num_rows), log  # a value the encoder scales past float32: malformed
+    kept = labels & set(keep or [])
+    return _kept_labels_said((chunk for chunk in chunks if chunk.num_rows), spec, kept), log  # a value the
+    # encoder scales past float32: malformed
+
+
+def _kept_labels_said(chunks: Any, spec: Any, kept: set[str]) -> Any:
+    """The chunks; a kept label column of mostly text (`TextColumn`: '--keep clk' of no/yes, read as
+    numbers as training reads it) said as a label, with how to map it, not as a dense column."""
+    from flowrec.data.labels import label_tasks, text_label_line
+    from flowrec.data.layout import DataError
+    from flowrec.data.sources import TextColumn
+
+    try:
+        yield from chunks
+    except TextColumn as exc:
+        if exc.column not in kept:
+            raise
+        task = label_tasks(spec, {}).get(exc.column, "regression")
+        raise DataError(f"--keep {exc.column}: {text_label_line(exc.column, exc.values, task, 'scoring')}, or keep "
+                        "another column") from None
 

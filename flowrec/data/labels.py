@@ -49,7 +49,7 @@ def label_tasks(spec: ModelSpec, columns: dict[str, str]) -> dict[str, str]:
 NEGATIVE_WORDS = ("no", "n", "false", "f", "neg", "negative", "0", "noclick", "not")  # mapped to 0 in the example
 
 
-def text_label_line(column: str, values: list[str], task: str) -> str:
+def text_label_line(column: str, values: list[str], task: str, before: str = "converting") -> str:
     """One line for a label column (`label_tasks`' source column and task) whose values are
     mostly text (`flowrec.data.sources.TextColumn`): what it must hold and how to map it before
     converting, with no hint to skip such rows (skipping them drops most rows).
@@ -64,7 +64,7 @@ def text_label_line(column: str, values: list[str], task: str) -> str:
             "regression": "a regression head's label must be a number"}.get(task)
     if must is None:  # multiclass:N
         must = f"a multiclass head's label must be a class number 0 .. {int(task.split(':')[1]) - 1}"
-    mapped = (f"; map it before converting, e.g. in pandas: df[{column!r}] = df[{column!r}].map({{{example}}})"
+    mapped = (f"; map it before {before}, e.g. in pandas: df[{column!r}] = df[{column!r}].map({{{example}}})"
               if task.startswith(("binary", "multiclass")) else "")
     return f"label column {column} holds text ({', '.join(repr(v) for v in values)}), not numbers: {must}{mapped}"
 

@@ -91,3 +91,22 @@ def test_asking_a_ranking_package_for_items_says_what_it_scores_in_the_words_of_
     assert result.exit_code == 2 and re.search(r"its heads like score rows\): --top-k needs a package of a "
                                                r"retrieval run; leave --top-k out", result.output), result.output
     assert not (root / "recs.parquet").exists()
+
+
+@pytest.mark.parametrize("policy", ["fail", "skip"])
+def test_keeping_a_text_label_column_says_to_map_it_not_to_skip_rows(tmp_path, policy):
+    """predict --keep label of a CSV whose label holds no/yes: each row was malformed, with the hint
+    to skip them, which skipped every row."""
+    rng = np.random.default_rng()
+    rows = _ratings(rng, rng.choice(np.arange(1, 500), 20, replace=False))
+    rows["label"] = (rng.random(len(rows)) < 0.3).astype(int)
+    root = train_and_export(tmp_path, RANKING, rows)
+    scored = rows.head(int(rng.integers(5, 50))).assign(label=lambda d: np.where(d["label"] == 1, "yes", "no"))
+    (root / "new.csv").write_text(scored.to_csv(index=False))
+    result = invoke(["predict", root / "pkg", root / "new.csv", "--format", "csv", "--keep", "label",
+                     "--out", root / "scores.parquet", "--on-error", policy])
+    assert result.exit_code == 2, result.output
+    (line,) = result.output.strip().splitlines()
+    assert line.startswith("error: --keep label: label column label holds text"), line
+    assert "a binary head's label must be 0 or 1; map it before scoring" in line and "--on-error" not in line, line
+    assert not (root / "scores.parquet").exists()
