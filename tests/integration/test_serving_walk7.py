@@ -2,7 +2,6 @@
 items in the type the training rows wrote them."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
