@@ -138,9 +138,9 @@ from flowrec.runtime import trainer
 seconds = []
 step = trainer.Trainer._step
 clock = robust.SchedClock(exclude=robust.python_side_threads)  # the data threads are the run's own
-def timed(self, batch):
+def timed(self, batch, *args, **kwargs):
     started = clock.start()
-    out = step(self, batch)
+    out = step(self, batch, *args, **kwargs)
     r = clock.stop(started)
     seconds.append([r.wall, r.waited])
     return out

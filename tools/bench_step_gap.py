@@ -53,10 +53,10 @@ def train_step(*a, **k):
     return out
 trainer.train_step = train_step
 step = trainer.Trainer._step
-def timed(self, batch):
+def timed(self, batch, *args, **kwargs):
     c0 = time.thread_time()
     started = clock.start()
-    out = step(self, batch)
+    out = step(self, batch, *args, **kwargs)
     r = clock.stop(started)
     cpu = time.thread_time() - c0
     after, me = robust._schedstat(), threading.get_native_id()

@@ -200,7 +200,7 @@ def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: l
     from flowrec.data.layout import DataError
     from flowrec.data.sources import LINE_COLUMN
     from flowrec.runtime.progress import rows_spinner
-    from flowrec.serving.predict import load_model
+    from flowrec.serving.predict import few_lines, load_model
 
     model = load_model(model_dir)
     model.warn_unseen = model.warn_empty = False  # one line for every chunk, at the end
@@ -253,7 +253,7 @@ def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: l
     items = len(model.items.raw_items) if top_k is not None else 0
     customs = [f"{m.name!r} ({m.param('class')})" for m in model.spec.modules if m.kind == "custom"]
     notes = [nonfinite_note(nonfinite, rows, first_bad, customs)] if nonfinite else []
-    notes += model.empty_columns().lines(str(raw))  # a column empty in every row of RAW, once a run
+    notes += few_lines(model.empty_columns().lines(str(raw)))  # a column empty in every row of RAW, once a run
     return rows, log.count, model.zero_queries, model.first_zero_query, items, notes + model.unseen_ids().lines()
 
 

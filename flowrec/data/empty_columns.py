@@ -17,8 +17,10 @@ Example:
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -40,23 +42,61 @@ def filled_rows(column: pa.ChunkedArray | pa.Array, blank: bool = True) -> int:
     >>> filled_rows(pa.array([1.0, float("nan")])), filled_rows(pa.array([[1], [], None]))
     (1, 1)
     """
-    kind = column.type
-    if pa.types.is_dictionary(kind):
-        column = column.cast(kind.value_type)
-        kind = kind.value_type
-    if pa.types.is_null(kind):
-        return 0
+    return filled_counts([column], blank)[0]
+
+
+def filled_counts(columns: list[pa.ChunkedArray | pa.Array], blank: bool = True) -> list[int]:
+    """`filled_rows` of each of `columns`, in one pass per type over the columns of that type put
+    end to end (a text or float column of a 1,000-field model's rows took four Arrow calls of its
+    own: 55 ms per call of predict on one row).
+
+    >>> filled_counts([pa.array(["a", " "]), pa.array([None, "b"]), pa.array([1, None]), pa.array([" "])])
+    [1, 1, 1, 0]
+    """
+    columns, counts = list(columns), [0] * len(columns)
+    alike: dict[pa.DataType, list[int]] = {}  # columns of one type whose values are judged together
+    for i, column in enumerate(columns):
+        kind = column.type
+        if pa.types.is_dictionary(kind):
+            column = columns[i] = column.cast(kind.value_type)
+            kind = kind.value_type
+        if pa.types.is_null(kind):
+            continue
+        if _judged(kind):
+            alike.setdefault(kind, []).append(i)
+        else:
+            counts[i] = len(column) - column.null_count
+    for kind, chosen in alike.items():
+        whole = pa.chunked_array([chunk for i in chosen for chunk in _chunks(columns[i])], kind)  # (no copy)
+        filled = pc.fill_null(_filled(whole, kind, blank), False).to_numpy(zero_copy_only=False)
+        ends = np.cumsum([len(columns[i]) for i in chosen])
+        sums = np.concatenate([[0], np.cumsum(filled, dtype=np.int64)])
+        for i, start, end in zip(chosen, np.concatenate([[0], ends[:-1]]), ends):
+            counts[i] = int(sums[end] - sums[start])
+    return counts
+
+
+@functools.lru_cache(maxsize=256)  # (Arrow's type tests cost 13 us a column of 1,000)
+def _judged(kind: pa.DataType) -> bool:
+    """Whether a column of this type is judged by its values (not by its nulls alone)."""
+    return (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind)
+            or pa.types.is_large_binary(kind) or pa.types.is_floating(kind) or pa.types.is_list(kind)
+            or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind))
+
+
+def _chunks(column: pa.ChunkedArray | pa.Array) -> list[pa.Array]:
+    return list(column.chunks) if isinstance(column, pa.ChunkedArray) else [column]
+
+
+def _filled(values: pa.ChunkedArray, kind: pa.DataType, blank: bool) -> pa.Array:
+    """Per value of a `_judged` type: whether it holds a value (null where it is null).  # (N,) bool"""
     if pa.types.is_string(kind) or pa.types.is_large_string(kind):
-        filled = pc.not_equal(pc.utf8_trim_whitespace(column) if blank else column, "")
-    elif pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
-        filled = pc.greater(pc.binary_length(column), 0)  # text checked by its readers; blanks are rare here
-    elif pa.types.is_floating(kind):
-        filled = pc.invert(pc.is_nan(column))
-    elif pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
-        filled = pc.greater(pc.list_value_length(column), 0)
-    else:
-        return len(column) - column.null_count
-    return int(pc.sum(pc.fill_null(filled, False)).as_py() or 0)
+        return pc.not_equal(pc.utf8_trim_whitespace(values) if blank else values, "")
+    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
+        return pc.greater(pc.binary_length(values), 0)  # text checked by its readers; blanks are rare here
+    if pa.types.is_floating(kind):
+        return pc.invert(pc.is_nan(values))
+    return pc.greater(pc.list_value_length(values), 0)
 
 
 class EmptyColumns:
@@ -89,15 +129,18 @@ class EmptyColumns:
         spaced = self.spaced.setdefault(source, set())
         values = self.values.setdefault(source, {})
         present = set(chunk.column_names)  # (once: Arrow builds the list anew at each ask)
+        judged = [(f.name, chunk.column(self.columns.get(f.name, f.name))) for f in self.features
+                  if f.name not in filled and self.columns.get(f.name, f.name) in present]
+        unfilled = [(feature, column) for (feature, column), rows in zip(judged, filled_counts([c for _, c in judged]))
+                    if not rows]
+        filled.update({feature for feature, _ in judged} - {feature for feature, _ in unfilled})
+        for (feature, _), rows in zip(unfilled, filled_counts([c for _, c in unfilled], blank=False)):
+            if rows:
+                spaced.add(feature)
         for f in self.features:
             name = self.columns.get(f.name, f.name)
             if name not in present:
                 continue
-            if f.name not in filled:
-                if filled_rows(chunk.column(name)):
-                    filled.add(f.name)
-                elif filled_rows(chunk.column(name), blank=False):
-                    spaced.add(f.name)
             if self.one_value and values.get(f.name, ONE) is not VARIED and chunk.num_rows:
                 one = one_value(chunk.column(name))
                 values[f.name] = one if values.get(f.name, one) == one else VARIED

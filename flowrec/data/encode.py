@@ -43,6 +43,49 @@ def hash_rows(values: pa.Array, rows: int) -> np.ndarray:
     return out
 
 
+BATCHED_HASH_ROWS = 4096  # rows of a chunk up to which its one-hot hashed columns of one type hash as one
+
+
+def hash_rows_together(columns: list[pa.Array], rows: list[int]) -> list[np.ndarray]:
+    """`hash_rows(columns[i], rows[i])` for each i, bitwise, with the columns of one Arrow type
+    hashed as one array: a call's fixed cost (text cast, dictionary, hashing) once per type, not once
+    per column (a one-row `model.predict` of 1,000 hashed fields spent 150 ms in 1,000 such calls).
+
+    >>> a, b = pa.array(["x", None, "7"]), pa.array(["7", "y", ""])
+    >>> [r.tolist() for r in hash_rows_together([a, b], [50, 9])] == [hash_rows(a, 50).tolist(), hash_rows(b, 9).tolist()]
+    True
+    """
+    out: list[np.ndarray | None] = [None] * len(columns)
+    kinds: dict[pa.DataType, list[int]] = {}
+    for i, column in enumerate(columns):
+        column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+        columns[i] = column
+        if pa.types.is_dictionary(column.type) or pa.types.is_nested(column.type) or len(column) == 0 \
+                or pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type):
+            # (dictionaries of other values do not concatenate; bytes that are not UTF-8 are named by row)
+            out[i] = hash_rows(column, rows[i])
+        else:
+            kinds.setdefault(column.type, []).append(i)
+    for members in kinds.values():
+        if len(members) == 1:
+            out[members[0]] = hash_rows(columns[members[0]], rows[members[0]])
+            continue
+        strings = as_strings(pa.concat_arrays([columns[i] for i in members])).dictionary_encode()
+        uniques = strings.dictionary.to_numpy(zero_copy_only=False).astype(object)
+        hashed = pd.util.hash_array(uniques, categorize=False)
+        index = strings.indices.fill_null(-1).to_numpy(zero_copy_only=False)
+        start = 0
+        for i in members:
+            part = index[start:start + len(columns[i])]
+            start += len(columns[i])
+            ids = np.zeros(len(part), np.int64)
+            valid = part >= 0
+            if rows[i] > 1:
+                ids[valid] = (hashed[part[valid]] % np.uint64(rows[i] - 1)).astype(np.int64) + 1
+            out[i] = ids
+    return out  # type: ignore[return-value]
+
+
 def count_values(values: pa.Array, counter: Counter) -> None:
     """Add the occurrences of each non-null value (string form) to `counter`."""
     vc = pc.value_counts(as_strings(values).drop_null())
@@ -222,12 +265,25 @@ class Encoder:
                                        f"(mean {st.mean:.6g}, std {st.std:.6g}) it is beyond float32")
         return out
 
+    def _hashed_together(self, raw: pa.Table) -> dict[str, pa.Array]:
+        """`encode_sparse` of every one-hot feature of a hashed table, by `hash_rows_together`."""
+        features = [f for f in self.spec.sparse_features if not is_multi(f)
+                    and self.spec.table(f.table).managed is None and self.spec.table(f.table).hashed]
+        if len(features) < 2:
+            return {}
+        ids = hash_rows_together([self.sparse_values(f, raw) for f in features],
+                                 [self.spec.table(f.table).rows for f in features])
+        return {f.name: pa.array(rows, pa.int64()) for f, rows in zip(features, ids)}
+
     def encode(self, raw: pa.Table, labels: bool = True) -> pa.Table:
         """Encode one raw chunk; returns a table with the layout's columns in spec order (the
         label columns last, unless `labels` is False: rows to score need none)."""
         cols, names = [], []
+        hashed = self._hashed_together(raw) if raw.num_rows <= BATCHED_HASH_ROWS else {}
         for f in self.spec.features:
-            if isinstance(f, DenseFeature):
+            if f.name in hashed:
+                cols.append(hashed[f.name])
+            elif isinstance(f, DenseFeature):
                 x = dense_values(f, raw.column(self.source(f.name)))
                 if f.transform == "standardize":
                     st = self.stats[f.name]

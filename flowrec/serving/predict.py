@@ -39,13 +39,31 @@ from flowrec.serving.package import (MODEL_FILE, PLAN_FILE, SPEC_FILE, check_man
                                      check_table_dtype, encoded_inputs, planned_tables, read_manifest,
                                      require_listed, verify_files)
 from flowrec.serving.pt2_check import check_archive
+from flowrec.serving.pt2_load import load_program
+from flowrec.serving.pt2_module import program_module
 from flowrec.serving.retrieval_index import HEADS_FILE, ITEMS_FILE, ItemIndex, load_items
 from flowrec.spec.json_doc import read_json_document
 from flowrec.spec.load import spec_from_dict
 from flowrec.spec.model import ModelSpec
 from flowrec.spec.validate import validate_document
 
-BATCH_ROWS = 65_536  # rows scored per call of the program
+BATCH_ROWS = 65_536  # rows scored per call of the program, at most
+CALL_BYTES = 256 << 20  # bytes of looked-up embedding rows per call (fp32), at most one row's more
+
+
+def call_rows(spec: ModelSpec) -> int:
+    """Rows per call of the program: `BATCH_ROWS`, fewer where a row's looked-up embeddings are wide.
+    The program holds them about three times over (lookups, a group's stack, the dense input's
+    concat): a 1,000-field model (10,743 floats a row) took 2.8 GB each at 65,536 rows, 11.6 GB
+    at the peak of predict; 6,246 rows a call hold 256 MB each.
+
+    >>> from flowrec.testing.specs import csv_spec
+    >>> call_rows(csv_spec("w"))
+    65536
+    """
+    dims = {t.name: t.dim for t in spec.tables}
+    width = sum(dims[f.table] * (f.max_len if f.pooling == "none" else 1) for f in spec.sparse_features)
+    return max(1, min(BATCH_ROWS, CALL_BYTES // (4 * max(1, width))))
 ROWS = "the rows"  # how the rows given to predict are named in its warnings
 EMPTY_HINT = "the scores read nothing from it; a lost or mistyped column?"
 
@@ -138,8 +156,9 @@ class LoadedModel:
         self._count_empty(raw)
         rows, scores, others = [], [], []
         with torch.no_grad():
-            for start in range(0, encoded.num_rows, BATCH_ROWS):
-                dense, sparse = encoded_inputs(self.spec, encoded.slice(start, BATCH_ROWS))
+            step = call_rows(self.spec)
+            for start in range(0, encoded.num_rows, step):
+                dense, sparse = encoded_inputs(self.spec, encoded.slice(start, step))
                 sparse = remap_inputs(self.spec, sparse, self.maps)
                 if self.heads_program is not None:
                     others.append(self._call(dense, sparse, self.heads_program, HEADS_FILE).numpy())
@@ -175,7 +194,7 @@ class LoadedModel:
         call.observe(ROWS, raw)
         self.empty_columns().add(call)
         if self.warn_empty:
-            _warn(call.lines())
+            _warn(few_lines(call.lines()))
 
     def empty_columns(self) -> EmptyColumns:
         """The feature columns over every `predict` and `recommend` call's rows: its `lines()` name each
@@ -214,7 +233,7 @@ class LoadedModel:
         missing = [c for c in read if c not in present]
         if missing:
             read = set(read)
-            raise DataError(f"the rows lack columns {missing} that model {self.spec.name!r} reads"
+            raise DataError(f"the rows lack columns {named_columns(missing)} that model {self.spec.name!r} reads"
                             f"{close_columns(missing, [c for c in raw.column_names if c not in read])}"
                             f"{separator_note(raw.column_names, missing, self.spec)}")
         unfitted = tables_without_vocabulary(self.spec, self.encoder.vocabs)
@@ -266,8 +285,9 @@ class LoadedModel:
         multiclass head.  # (N, sum of head widths) float32"""
         out = []
         with torch.no_grad():
-            for start in range(0, encoded.num_rows, BATCH_ROWS):
-                dense, sparse = encoded_inputs(self.spec, encoded.slice(start, BATCH_ROWS))
+            step = call_rows(self.spec)
+            for start in range(0, encoded.num_rows, step):
+                dense, sparse = encoded_inputs(self.spec, encoded.slice(start, step))
                 sparse = remap_inputs(self.spec, sparse, self.maps)
                 out.append(self._call(dense, sparse).numpy())
         width = sum(h.width for h in self.spec.heads)
@@ -360,7 +380,7 @@ def _load_model(path: Path) -> LoadedModel:
         raise ValueError(f"{path}: encoder.json does not match the manifest's encoder fingerprint")
     check_archive(path / MODEL_FILE)
     try:
-        exported = torch.export.load(path / MODEL_FILE)
+        exported = load_program(path / MODEL_FILE)
     except Exception as exc:  # any failure to read the program is a damaged package
         raise ValueError(f"{path / MODEL_FILE} is not a usable exported program ({type(exc).__name__})") from None
     items = None
@@ -377,10 +397,7 @@ def _load_model(path: Path) -> LoadedModel:
                   items.vectors.shape[1] if items is not None else sum(h.width for h in spec.heads), path / MODEL_FILE,
                   tables)
     check_table_dtype(manifest, exported, path)
-    try:
-        program = exported.module()
-    except Exception as exc:
-        raise ValueError(f"{path / MODEL_FILE} is not a usable exported program ({type(exc).__name__})") from None
+    program = program_module(exported, path / MODEL_FILE, BATCH_ROWS)  # no guards code where flowrec's check proves them
     heads = _heads_program(path, manifest, spec, tables) if items is not None else None
     return LoadedModel(path, spec, record, encoder, program, manifest, read_maps(path, spec), items, heads)
 
@@ -405,15 +422,12 @@ def _heads_program(path: Path, manifest: dict[str, Any], spec: ModelSpec,
     require_listed(path, manifest, [HEADS_FILE])
     check_archive(path / HEADS_FILE)
     try:
-        exported = torch.export.load(path / HEADS_FILE)
+        exported = load_program(path / HEADS_FILE)
     except Exception as exc:
         raise ValueError(f"{path / HEADS_FILE} is not a usable exported program ({type(exc).__name__})") from None
     check_program(exported, spec, [f.name for f in spec.sparse_features], sum(h.width for h in others),
                   path / HEADS_FILE, tables)
-    try:
-        return exported.module()
-    except Exception as exc:
-        raise ValueError(f"{path / HEADS_FILE} is not a usable exported program ({type(exc).__name__})") from None
+    return program_module(exported, path / HEADS_FILE, BATCH_ROWS)
 
 
 def _spec(path: Path) -> ModelSpec:
@@ -475,6 +489,36 @@ def _warn(lines: list[str]) -> None:
         warnings.warn(line, UserWarning, stacklevel=4)
 
 
+SHOWN_COLUMNS = 12  # names a line shows of a list of columns (a 1,000-field model's rows of 500: 4,551 characters)
+
+
+def named_columns(names: list[str]) -> str:
+    """A list of column names as a line shows it: every name up to `SHOWN_COLUMNS`, else the first
+    of them and how many more.
+
+    >>> named_columns(["user", "item"])
+    "['user', 'item']"
+    >>> named_columns([f"f{i}" for i in range(500)])
+    "['f0', 'f1', 'f2', 'f3', 'f4', 'f5', 'f6', 'f7', 'f8', 'f9', 'f10', 'f11'] and 488 more"
+    """
+    if len(names) <= SHOWN_COLUMNS:
+        return str(list(names))
+    return f"{list(names[:SHOWN_COLUMNS])} and {len(names) - SHOWN_COLUMNS:,} more"
+
+
+def few_lines(lines: list[str]) -> list[str]:
+    """Lines of empty columns, one a column, as predict says them: the first `SHOWN_COLUMNS`, then
+    one line for the others (two blank rows of a 1,000-field model were 1,004 lines).
+
+    >>> few_lines([f"the rows: column 'c{i}' is empty" for i in range(20)])[-1]
+    '8 more feature columns are empty in every row as well (20 in all): rows that lack most of their values?'
+    """
+    if len(lines) <= SHOWN_COLUMNS + 1:
+        return lines
+    return lines[:SHOWN_COLUMNS] + [f"{len(lines) - SHOWN_COLUMNS:,} more feature columns are empty in every row as "
+                                    f"well ({len(lines):,} in all): rows that lack most of their values?"]
+
+
 def close_columns(missing: list[str], others: list[Any]) -> str:
     """`` (the rows have 'userid': rename it to 'user_id'?)`` for the columns the rows have, read by
     no feature, that are really close to a missing one (`close_name`), else ``""``; a column whose name only
@@ -490,18 +534,22 @@ def close_columns(missing: list[str], others: list[Any]) -> str:
     """
     alike = look_alikes([str(c) for c in others], missing)
     texts = [str(c) for c in others if str(c) not in {n for n, _ in alike}]
-    pairs = []
+    pairs, looked = [], 0
     for name in missing:
+        if len(pairs) == SHOWN_COLUMNS:  # (1,000 renamed columns: a hint of 24,000 characters, 2 s to make)
+            break
+        looked += 1
         close = close_name(name, texts)  # really close: not 'cate_id' for 'item_id' (`flowrec.data.close_names`)
         if close is not None and name not in {w for _, w in alike}:
             texts.remove(close)
             pairs.append((close, name))
     said = "".join(f" (the rows' {look_alike_note(*pair)}: write the rows' name with the same characters)"
-                   for pair in alike)
+                   for pair in alike[:SHOWN_COLUMNS])
     if not pairs:
         return said
     had, wanted = (", ".join(repr(p[i]) for p in pairs) for i in (0, 1))
-    return f"{said} (the rows have {had}: rename {'it' if len(pairs) == 1 else 'them'} to {wanted}?)"
+    more = f"; the first {len(pairs)} such columns" if looked < len(missing) else ""
+    return f"{said} (the rows have {had}: rename {'it' if len(pairs) == 1 else 'them'} to {wanted}?{more})"
 
 
 def row_index(table: pa.Table | pd.DataFrame) -> pd.Index | None:

@@ -307,9 +307,9 @@ class ServingModel(nn.Module):
                     parts.append(_sequence(ids, offsets, weight, f.max_len))  # (B, L, D)
                 else:
                     mode = "mean" if f.pooling == "mean" else "sum"
-                    parts.append(F.embedding_bag(ids, weight, offsets, mode=mode, include_last_offset=True)
-                                 .float().unsqueeze(1))  # (B, 1, D)
-            emb[group] = torch.cat(parts, dim=1)  # (B, S, D)
+                    pooled = F.embedding_bag(ids, weight, offsets, mode=mode, include_last_offset=True)  # (B, D)
+                    parts.append(pooled if pooled.dtype == torch.float32 else pooled.float())
+            emb[group] = _fields(parts)  # (B, S, D)
         for step in self.dense_model.steps:
             seq_slot = OP_KINDS[step.kind].sequence_slot
             if seq_slot is not None:
@@ -320,6 +320,17 @@ class ServingModel(nn.Module):
                 masks[step.name] = positions.unsqueeze(0) < lengths.unsqueeze(1)  # (B, L)
         logits = self.dense_model.dense_forward(dense, emb, masks)
         return scores(logits, self.tasks, self.dense_model.head_widths)
+
+
+def _fields(parts: list[torch.Tensor]) -> torch.Tensor:
+    """A group's fields side by side: pooled (B, D) and sequence (B, L, D) lookups.  # (B, S, D)
+
+    Pooled fields alone are one stack: its program holds one node for them, where an unsqueeze
+    of each and a cat held one more node per field (and its tensor record, which
+    `torch.export.load` reads back: a 1,000-field package's load went through them all)."""
+    if all(part.dim() == 2 for part in parts):
+        return torch.stack(parts, dim=1)
+    return torch.cat([part.unsqueeze(1) if part.dim() == 2 else part for part in parts], dim=1)
 
 
 def drop_mapped_pages(tensor: torch.Tensor) -> None:

@@ -23,6 +23,7 @@ import torch
 from typer.testing import CliRunner
 
 from flowrec.cli import app
+from flowrec.data.layout import DataError
 from flowrec.serving.predict import load_model
 
 SPEC = """
@@ -446,6 +447,130 @@ def test_a_model_pt2_of_another_export_is_one_line(case: Path, name: str):
     with pytest.raises(ValueError, match="model.pt2 does not fit"):
         load_model(case / "pkg").predict(pd.read_csv(case / "new.csv"))
     assert not (case / "scores.parquet").exists()
+
+
+def test_a_package_loads_without_torchs_guard_code_and_scores_as_with_it(case: Path):
+    """torch's module() wrote guard code by one pass over the placeholders per guard (17.8 s of a
+    1,000-field package's load); flowrec's own check of the program's inputs proves those guards."""
+    model = load_model(case / "pkg")
+    assert not hasattr(model.program, "_guards_fn")
+    rows = raw_rows(300, 9)
+    fast = model.predict(rows)["ctr"].to_numpy()
+    model.program = torch.export.load(case / "pkg" / "model.pt2").module()  # torch's guarded module
+    assert hasattr(model.program, "_guards_fn")
+    np.testing.assert_array_equal(model.predict(rows)["ctr"].to_numpy(), fast)
+
+
+def test_a_package_is_read_with_each_schema_classs_type_hints_looked_up_once(case: Path, monkeypatch):
+    """torch's deserialiser asked typing.get_type_hints of a class at each object it made: 154,010
+    times, 10.1 s of a 1,000-field package's load (`flowrec.serving.pt2_load`)."""
+    import typing
+    from collections import Counter
+
+    asked: Counter = Counter()
+    real = typing.get_type_hints
+
+    def counted(obj, *args, **kwargs):
+        if getattr(obj, "__module__", "") == "torch._export.serde.schema":
+            asked[obj.__name__] += 1
+        return real(obj, *args, **kwargs)
+
+    monkeypatch.setattr(typing, "get_type_hints", counted)
+    model = load_model(case / "pkg")
+    assert asked["Node"] == 1 and asked["TensorMeta"] == 1 and max(asked.values()) == 1, asked
+    assert len(model.predict(raw_rows(20, 4))) == 20
+
+
+def test_a_wide_models_rows_are_scored_in_calls_bounded_by_their_looked_up_bytes(case: Path, monkeypatch):
+    """A 1,000-field model's 65,536 rows a call held 2.8 GB of looked-up rows three times over
+    (predict's peak 11.6 GB on 100,000 rows; 7.5 GB in calls of 256 MB). Here a row looks up 8
+    floats (user, city: dim 4): calls of 224 bytes are 7 rows."""
+    from flowrec.serving import predict as predicting
+
+    rows = raw_rows(50, 12)
+    model = load_model(case / "pkg")
+    whole = model.predict(rows)["ctr"].to_numpy()
+    monkeypatch.setattr(predicting, "CALL_BYTES", 4 * 8 * 7)
+    sizes = []
+    program = model.program
+
+    def counted(dense, sparse):
+        sizes.append(dense.shape[0])
+        return program(dense, sparse)
+
+    model.program = counted
+    np.testing.assert_allclose(model.predict(rows)["ctr"].to_numpy(), whole, rtol=1e-6, atol=1e-7)
+    assert sizes == [7] * 7 + [1]
+
+
+WIDE_FIELDS = 40
+
+
+@pytest.fixture(scope="module")
+def wide_pkg(tmp_path_factory) -> Path:
+    """The package of a 40-field model trained on synthetic rows (hashed tables: it scores raw rows)."""
+    root = tmp_path_factory.mktemp("wide_pkg")
+    features = "".join(f"  - {{name: c{i:03d}, type: categorical, hash_buckets: 20, dim: 2}}\n" for i in range(WIDE_FIELDS))
+    (root / "wide.yaml").write_text(
+        f"name: wide_rows\nfeatures:\n  - {{name: d0, type: dense, transform: log1p}}\n{features}"
+        "modules:\n  - {name: top, kind: mlp, inputs: [\"@dense\", \"@sparse\"], layers: [4]}\n"
+        "heads:\n  - {name: ctr, input: top, task: binary, loss: bce}\ntraining: {batch_size: 64, epochs: 1, seed: 0}\n")
+    run = runner.invoke(app, ["train", str(root / "wide.yaml"), "--rows", "200", "--out", str(root / "run"),
+                              "--quiet", "--device", "cpu"])
+    assert run.exit_code == 0, run.output
+    assert runner.invoke(app, ["export", str(root / "run"), str(root / "pkg")]).exit_code == 0
+    return root / "pkg"
+
+
+def test_rows_lacking_many_of_a_wide_models_columns_are_one_short_line(wide_pkg: Path, tmp_path: Path):
+    """Rows lacking 500 of a 1,000-field model's columns were a line of 4,551 characters naming each;
+    1,000 columns renamed a hint of 24,000 characters (2 s of difflib)."""
+    rng = np.random.default_rng(8)
+    rows = pd.DataFrame({"d0": rng.lognormal(1.0, 1.0, 30),
+                         **{f"c{i:03d}": rng.zipf(1.4, 30) % 90 for i in range(WIDE_FIELDS)}})
+    kept = rows.drop(columns=[f"c{i:03d}" for i in range(5, WIDE_FIELDS)])  # 35 lacking
+    renamed = rows.rename(columns={f"c{i:03d}": f"col_{i:03d}" for i in range(WIDE_FIELDS)})  # 40 lacking, renamed
+    model = load_model(wide_pkg)
+    for frame, more in ((kept, "and 23 more"), (renamed, "and 28 more")):
+        frame.to_csv(tmp_path / "rows.csv", index=False)
+        result = runner.invoke(app, ["predict", str(wide_pkg), str(tmp_path / "rows.csv"), "--format", "csv",
+                                     "--out", str(tmp_path / "scores.parquet"), "-q"])
+        one_line_exit_2(result, more)
+        assert len(result.stderr) < 900, result.stderr
+        with pytest.raises(DataError, match=more) as caught:
+            model.predict(frame)
+        assert len(str(caught.value)) < 900
+    assert "col_011" in str(caught.value) and "col_012" not in str(caught.value)  # 12 renames named, the first
+    assert not (tmp_path / "scores.parquet").exists()
+
+
+def test_rows_that_leave_most_of_a_wide_models_columns_empty_are_a_few_warning_lines(wide_pkg: Path, tmp_path: Path):
+    """Two blank rows of a 1,000-field model were 1,004 warning lines, one a column."""
+    import warnings
+
+    rng = np.random.default_rng(21)
+    blank = pd.DataFrame({"d0": rng.lognormal(1.0, 1.0, 6),
+                          **{f"c{i:03d}": [" ", "", None, " ", "", None] if i % 7 else rng.zipf(1.4, 6) % 90
+                             for i in range(WIDE_FIELDS)}})  # 34 of 40 columns empty
+    blank.to_csv(tmp_path / "rows.csv", index=False)
+    result = runner.invoke(app, ["predict", str(wide_pkg), str(tmp_path / "rows.csv"), "--format", "csv",
+                                 "--out", str(tmp_path / "scores.parquet"), "-q"])
+    assert result.exit_code == 0, result.output
+    said = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert len(said) == 13 and "22 more feature columns are empty in every row as well (34 in all)" in said[-1], said
+    assert len(pd.read_parquet(tmp_path / "scores.parquet")) == 6
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        load_model(wide_pkg).predict(blank)
+    empty = [str(w.message) for w in caught if "empty in every" in str(w.message)]
+    assert len(empty) == 13 and "(34 in all)" in empty[-1], empty
+
+
+def test_a_model_pt2_of_a_fixed_batch_is_refused_at_load(case: Path):
+    """It loaded, and the first call of predict failed torch's guard."""
+    SWAPPED["a_fixed_batch"](case / "pkg")
+    with pytest.raises(ValueError, match="model.pt2 does not fit the package's spec.json: it takes batches of 4 rows only"):
+        load_model(case / "pkg")
 
 
 def test_an_id_beyond_64_bits_in_a_csv_scores_as_its_text(case: Path):
