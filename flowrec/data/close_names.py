@@ -6,8 +6,8 @@ difflib's ratio of 0.6 took names that only share a suffix for each other ('cate
 ratio 0.71), so a user renamed the wrong column. A name is close to another here when both, lower
 case and without separators ('_', '-', '.', spaces), are the same ('User_ID', 'userid'), or begin
 with the same letter and differ by a few edits for their length (one per three characters of the
-longer: 'click_sequense', 'prices', 'usr', 'clicked' for 'clicks') and, where either has several
-words, share a word of three or more letters ('user' and 'user_id', not 'cate_id' and 'item_id',
+longer: 'click_sequense', 'prices', 'usr', 'clicked' for 'clicks') and, where both have several
+words, share a word of three or more letters ('item_id' and 'item_ids', not 'cate_id' and 'item_id',
 whose only shared word is 'id'); two candidates as close as each other are no guess.
 
 Example:
@@ -64,7 +64,7 @@ def closeness(name: str, other: str) -> int | None:
     if a[0] != b[0] or d > max(1, max(len(a), len(b)) // CHARS_PER_EDIT):
         return None
     mine, theirs = words(name), words(other)
-    if len(mine) > 1 or len(theirs) > 1:  # names of several words share a word of three letters or more
+    if len(mine) > 1 and len(theirs) > 1:  # names of several words share a word of three letters or more
         if not any(len(w) >= 3 for w in mine & theirs):
             return None
     return d
