@@ -107,6 +107,8 @@ def test_a_count_of_one_reads_in_the_singular(tmp_path):
     assert result.exit_code == 0, result.output
     (line,) = label_warnings(load_spec(tmp_path / "spec.yaml"), SimpleNamespace(path=tmp_path / "data"))
     assert "is 0 (1 row): it can only learn to predict 0" in line, line
+    inspected = invoke(["data", "inspect", tmp_path / "data"])
+    assert inspected.exit_code == 0 and ": 1 row in 1 partition (spec" in inspected.output, inspected.output
     many = int(rng.integers(2, 5000))
     assert nonfinite_note(1, 1, 0).startswith("1 of 1 row has a score"), nonfinite_note(1, 1, 0)
     assert nonfinite_note(2, many, 0).startswith(f"2 of {many:,} rows have a score")
