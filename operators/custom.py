@@ -399,20 +399,43 @@ def custom_failure(exc: BaseException) -> str | None:
     return None
 
 
-def non_finite_outputs(model: nn.Module) -> str | None:
-    """`custom module 'NAME' (CLASS) returned non-finite values for R of B rows` for each custom
-    module of `model` whose last output holds NaN or infinity, or None: a non-finite loss named its
-    head only, far from the module that made it (a forward returning NaN on some rows)."""
-    said = []
+def non_finite_rows(model: nn.Module) -> dict[str, tuple[int, int]]:
+    """`'NAME' (CLASS)` -> (rows holding NaN or infinity, rows) of each custom module's last output
+    in `model` (evaluation sums them over its batches: `flowrec.runtime.evaluation.evaluate`)."""
+    found = {}
     for module in model.modules():
         last = getattr(module, "last", None) if isinstance(module, CustomModule) else None
         if last is None or not last.numel() or not last.is_floating_point():
             continue
         bad = int((~torch.isfinite(last)).reshape(len(last), -1).any(1).sum())
-        if bad:
-            said.append(f"custom module {module.label!r} ({module.path}) returned non-finite values for {bad:,} of "
-                        f"{len(last):,} rows")
+        found[f"{module.label!r} ({module.path})"] = (bad, len(last))
+    return found
+
+
+def forget_outputs(model: nn.Module) -> None:
+    """Drop each custom module's last output (a compiled forward keeps none: an earlier one stays)."""
+    for module in model.modules():
+        if isinstance(module, CustomModule):
+            module.last = None
+
+
+def non_finite_note(counts: dict[str, tuple[int, int]]) -> str | None:
+    """`custom module 'NAME' (CLASS) returned non-finite values for R of B rows` for each module of
+    `counts` (`non_finite_rows`) with such rows, or None.
+
+    >>> non_finite_note({"'mine' (x.py:Mine)": (3, 64), "'other' (x.py:Other)": (0, 64)})
+    "custom module 'mine' (x.py:Mine) returned non-finite values for 3 of 64 rows"
+    """
+    said = [f"custom module {name} returned non-finite values for {bad:,} of {rows:,} rows"
+            for name, (bad, rows) in counts.items() if bad]
     return "; ".join(said) or None
+
+
+def non_finite_outputs(model: nn.Module) -> str | None:
+    """`custom module 'NAME' (CLASS) returned non-finite values for R of B rows` for each custom
+    module of `model` whose last output holds NaN or infinity, or None: a non-finite loss named its
+    head only, far from the module that made it (a forward returning NaN on some rows)."""
+    return non_finite_note(non_finite_rows(model))
 
 
 def backward_failure(exc: BaseException, model: nn.Module) -> str | None:

@@ -49,6 +49,7 @@ FILES: dict[str, frozenset[str]] = {
     )},
     "tests/unit/test_lifecycle_hostile.py": FAST,  # hostile input to runs, --follow, plan --managed-from
     "tests/unit/test_model_language_hostile.py": FAST,  # hostile specs of custom, heads, retrieval, sequences
+    "tests/unit/test_labels7_messages.py": FAST,  # text labels, counts of one, close column names, NaN scores
     "tests/unit/test_walk_hostile.py": FAST,  # what a hostile user walking the README found
     "tests/unit/test_cli_errors.py": FAST,  # the command line's own errors: one line, exit 2, every command
     "tests/unit/test_ingest_hostile.py": FAST,  # the seeded split, Parquet folders, missing spec files
@@ -95,7 +96,7 @@ FILES: dict[str, frozenset[str]] = {
         "test_custom_module", "test_heads_package", "test_regularize_package", "test_managed_runs", "test_follow",
         "test_tower_package", "test_sequence_package", "test_truncate_package", "test_runs_lifecycle", "test_retrieval_serving",
         "test_sasrec_train", "test_sequence_recommend", "test_eval_group_by",
-        "test_moved_run_class_file", "test_skip_hint_command", "test_resumed_state",
+        "test_moved_run_class_file", "test_skip_hint_command", "test_resumed_state", "test_serving_walk7",
     )},
     **{f"tests/integration/{name}.py": frozenset({"fuzz"}) for name in (
         "test_checkpoint_fuzz", "test_data_fuzz", "test_data_hostile",

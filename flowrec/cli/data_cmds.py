@@ -17,6 +17,7 @@ from flowrec.cli.common import (OneLineErrorsGroup, bound_files, check_byte_size
                                  write_output)
 from flowrec.runtime.messages import shell_word
 from flowrec.spec.schema_errors import did_you_mean
+from flowrec.spec.units import counted
 
 if TYPE_CHECKING:
     from flowrec.data.vocab_growth import TableGrowth
@@ -487,7 +488,7 @@ def inspect(
 def _show_inspected(info: dict[str, Any]) -> None:
     """Print one dataset's inspection (`inspect_dataset`'s result) as text."""
     meta = info["meta"]
-    say(f"{info['path']}: {info['rows']:,} rows in {info['partitions']} partitions "
+    say(f"{info['path']}: {counted(info['rows'], 'row')} in {counted(info['partitions'], 'partition')} "
                f"(spec {meta['spec']}, data hash {meta['data_hash']}, source {meta['source'].get('format')})")
     for line in inspect_table(info["columns"], info["raw"] is not None):
         typer.echo(line)

@@ -11,6 +11,7 @@ import math
 from typing import Any
 
 from flowrec.runtime.messages import number_cell  # one formatter: the table, the bar, inspect
+from flowrec.spec.units import counted
 
 COLUMN_ORDER = ("auc", "gauc", "pr_auc", "logloss", "ne", "calibration", "mse", "mae")
 
@@ -54,9 +55,9 @@ def undefined_notes(metrics: dict[str, dict[str, Any]]) -> list[str]:
     lines = []
     for head, m in metrics.items():
         if m.get("samples") and "logloss" in m and _missing(m["logloss"]):  # of any labels: NaN scores
-            lines.append(f"{head}: the model scored NaN for some of the {int(m['samples']):,} evaluation rows (a "
-                         f"parameter or an input beyond float32): its metrics are undefined ('-' in the table, "
-                         f"null in JSON)")
+            why = getattr(metrics, "nonfinite", None) or "a parameter or an input beyond float32"  # (`Metrics`)
+            lines.append(f"{head}: the model scored NaN for some of the {counted(int(m['samples']), 'evaluation row')} "
+                         f"({why}): its metrics are undefined ('-' in the table, null in JSON)")
             continue
         if not m.get("samples") or "auc" not in m:
             continue
@@ -71,7 +72,7 @@ def undefined_notes(metrics: dict[str, dict[str, Any]]) -> list[str]:
         else:
             continue
         named = " and ".join([", ".join(undefined[:-1]), undefined[-1]] if len(undefined) > 1 else undefined)
-        lines.append(f"{head}: {what} ({int(m['samples']):,} rows): {named} {'is' if len(undefined) == 1 else 'are'} "
+        lines.append(f"{head}: {what} ({counted(int(m['samples']), 'row')}): {named} {'is' if len(undefined) == 1 else 'are'} "
                      f"undefined ('-' in the table, null in JSON)")
     return lines
 

@@ -17,6 +17,7 @@ import typer
 from flowrec.cli.common import fail, say, skipped_lines
 from flowrec.runtime.messages import first_line
 from flowrec.spec.schema_errors import did_you_mean
+from flowrec.spec.units import counted
 
 EXIT_INTERRUPTED = 130
 
@@ -110,7 +111,7 @@ def zero_note(zero: int, rows: int, first: int) -> str:
     >>> zero_note(2, 10, 3)
     '2 of 10 rows have an all-zero query vector (e.g. an empty history, or ids the model holds no row for; the first is row 3 of the output, from 0): every item scores 0 for them, so their items are arbitrary, not recommendations'
     """
-    return (f"{zero:,} of {rows:,} rows have an all-zero query vector (e.g. an empty history, or ids the model "
+    return (f"{zero:,} of {counted(rows, 'row')} {'has' if zero == 1 else 'have'} an all-zero query vector (e.g. an empty history, or ids the model "
             f"holds no row for; the first is row {first} of the output, from 0): every item scores 0 for them, so "
             "their items are arbitrary, not recommendations")
 
@@ -204,7 +205,8 @@ def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: l
     model = load_model(model_dir)
     model.warn_unseen = model.warn_empty = False  # one line for every chunk, at the end
     if top_k is not None and model.items is None:
-        raise ValueError(f"{model_dir} has no retrieval head: --top-k needs a package of a retrieval run")
+        raise ValueError(f"{model_dir} has no retrieval head (its heads {', '.join(model.heads)} score rows): --top-k "
+                         "needs a package of a retrieval run; leave --top-k out for the heads' scores")
     beside = [h.name for h in model.other_heads] if top_k is not None else []
     _check_keep(keep, ["items", "scores", *beside] if top_k is not None else model.heads,
                 f"each row's top K items and their scores{', then the scores of heads ' + ', '.join(beside) if beside else ''}"
@@ -249,7 +251,8 @@ def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: l
     if writer is None:
         raise ValueError(_no_rows(raw, log, fmt or getattr(model.spec.data, "format", None)))
     items = len(model.items.raw_items) if top_k is not None else 0
-    notes = [nonfinite_note(nonfinite, rows, first_bad)] if nonfinite else []
+    customs = [f"{m.name!r} ({m.param('class')})" for m in model.spec.modules if m.kind == "custom"]
+    notes = [nonfinite_note(nonfinite, rows, first_bad, customs)] if nonfinite else []
     notes += few_lines(model.empty_columns().lines(str(raw)))  # a column empty in every row of RAW, once a run
     return rows, log.count, model.zero_queries, model.first_zero_query, items, notes + model.unseen_ids().lines()
 
@@ -283,15 +286,21 @@ def not_finite_rows(table: Any) -> Any:
     return bad
 
 
-def nonfinite_note(count: int, rows: int, first: int) -> str:
-    """The warning for scores that are not finite numbers.
+def nonfinite_note(count: int, rows: int, first: int, customs: list[str] = ()) -> str:
+    """The warning for scores that are not finite numbers; `customs`: the package's custom modules
+    (`'NAME' (CLASS)`), named as the likely source (training's non-finite loss names the one at fault).
 
     >>> nonfinite_note(2, 10, 3)
     '2 of 10 rows have a score that is not a finite number (NaN or infinite; NaN is written as an empty cell); the first is row 3 of the output, from 0: the model computes no score for them (a dense input of NaN or infinity, an overflow in a custom module?)'
+    >>> nonfinite_note(1, 10, 0, ["'mine' (x.py:Mine)"]).split(": the model computes no score for it ")[1]
+    "(a dense input of NaN or infinity, or custom module 'mine' (x.py:Mine) returning NaN or infinity on such rows?)"
     """
-    return (f"{count:,} of {rows:,} rows have a score that is not a finite number (NaN or infinite; NaN is "
-            f"written as an empty cell); the first is row {first} of the output, from 0: the model computes no "
-            "score for them (a dense input of NaN or infinity, an overflow in a custom module?)")
+    source = (f"or custom module {', '.join(customs)} returning NaN or infinity on such rows" if customs else
+              "an overflow in a custom module")
+    return (f"{count:,} of {counted(rows, 'row')} {'has' if count == 1 else 'have'} a score that is not a finite "
+            f"number (NaN or infinite; NaN is written as an empty cell); the first is row {first} of the output, from "
+            f"0: the model computes no score for {'it' if count == 1 else 'them'} (a dense input of NaN or infinity, "
+            f"{source}?)")
 
 
 SCORES_HEADER_LIMIT = 1 << 20  # bytes of an existing text --out read for its header line (1 MiB)
@@ -424,5 +433,24 @@ def _raw_chunks(model, raw: Path, fmt: Optional[str], on_error: str, keep: Optio
         columns = {f.name: model.encoder.source(f.name) for f in spec.features}
         rows = (one_index_each(chunk, spec, columns, log) for chunk in rows)
     chunks = (drop_unencodable(model.encoder, chunk, log) for chunk in rows)
-    return (chunk for chunk in chunks if chunk.num_rows), log  # a value the encoder scales past float32: malformed
+    kept = labels & set(keep or [])
+    return _kept_labels_said((chunk for chunk in chunks if chunk.num_rows), spec, kept), log  # a value the
+    # encoder scales past float32: malformed
+
+
+def _kept_labels_said(chunks: Any, spec: Any, kept: set[str]) -> Any:
+    """The chunks; a kept label column of mostly text (`TextColumn`: '--keep clk' of no/yes, read as
+    numbers as training reads it) said as a label, with how to map it, not as a dense column."""
+    from flowrec.data.labels import label_tasks, text_label_line
+    from flowrec.data.layout import DataError
+    from flowrec.data.sources import TextColumn
+
+    try:
+        yield from chunks
+    except TextColumn as exc:
+        if exc.column not in kept:
+            raise
+        task = label_tasks(spec, {}).get(exc.column, "regression")
+        raise DataError(f"--keep {exc.column}: {text_label_line(exc.column, exc.values, task, 'scoring')}, or keep "
+                        "another column") from None
 

@@ -37,9 +37,11 @@ from flowrec.data.encode import Encoder, UnseenIds, encodable_rows, fit_encoder,
 from flowrec.data.empty_columns import EmptyColumns, EmptyLabels
 from flowrec.data.look_alike import look_alike_note, look_alikes
 from flowrec.data.encoder_record import record_of_encoder
+from flowrec.data.close_names import close_name
 from flowrec.data.error_log import ErrorLog, ErrorPolicy
 from flowrec.data.id_forms import IdForms
-from flowrec.data.labels import PLUS_MINUS_FORMATS, check_labels, label_features, label_spaces, label_tasks
+from flowrec.data.labels import (PLUS_MINUS_FORMATS, check_labels, label_features, label_spaces, label_tasks,
+                                 text_label_line)
 from flowrec.data.layout import (VOCAB_DIR, DataError, DatasetMeta, data_hash, encoded_rows, encoding_mode, is_multi,
                                  unique_labels, write_meta)
 from flowrec.data.output import staged_output
@@ -48,7 +50,7 @@ from flowrec.data.raw_ids import check_float_ids, check_ids
 from flowrec.data.rawstats import RawStats
 from flowrec.data.sequences import TEST_COLUMN, split_option
 from flowrec.data.separators import DEFAULT_SEQUENCE_SEP, check_sequence_separators, header_separator
-from flowrec.data.sources import FORMAT_ALIASES, LINE_COLUMN, feature_map_of, reader
+from flowrec.data.sources import FORMAT_ALIASES, LINE_COLUMN, TextColumn, feature_map_of, reader
 from flowrec.data.vocab_growth import TableGrowth, grow_encoder
 from flowrec.spec.model import ModelSpec
 
@@ -336,7 +338,7 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
             log = ErrorLog(log_policy, str(path))
             logs.append(log)
             labelled = EmptyLabels(spec, columns, tasks, spaces, str(path))  # a label column empty in every row
-            for chunk in read(path, opts, log, numeric):
+            for chunk in _label_text_said(read(path, opts, log, numeric), tasks):
                 _check_columns(chunk, spec, columns, path)
                 _check_id_columns(chunk, spec, columns, path, FORMAT_ALIASES.get(fmt, fmt) != "parquet")
                 if FORMAT_ALIASES.get(fmt, fmt) == "libsvm":
@@ -481,6 +483,21 @@ def _empty_side(inputs: list[Path], side: str) -> str:
             "test_fraction or split_seed, or convert more rows")
 
 
+def _label_text_said(chunks: Iterator[pa.Table], tasks: dict[str, str]) -> Iterator[pa.Table]:
+    """The chunks of a reader; a label column of mostly text (`TextColumn`) said in the label's
+    terms (`text_label_line`), not as a numeric column's."""
+    try:
+        yield from chunks
+    except TextColumn as exc:
+        if exc.column not in tasks:
+            raise
+        raise DataError(text_label_line(exc.column, exc.values, tasks[exc.column])) from None
+    finally:
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()
+
+
 def _last_rows(chunk: pa.Table) -> np.ndarray:
     """Leave-last-out: the reader's marker of each user's last example."""
     if TEST_COLUMN not in chunk.column_names:
@@ -568,7 +585,8 @@ def _check_rows(report: ConvertReport, inputs: list[Path], fmt: str) -> None:
     """Raise DataError if the conversion (or one side of its split) holds no rows."""
     names = ", ".join(str(p) for p in inputs)
     if not report.rows and report.errors:
-        raise DataError(f"no rows converted from {names}: all {report.errors:,} rows were malformed "
+        raise DataError(f"no rows converted from {names}: "
+                        + (f"all {report.errors:,} rows were" if report.errors > 1 else "its one row was") + " malformed "
                         f"(first: {report.error_examples[0]})")
     if not report.rows:
         skipped = [note for p in inputs if fmt == "parquet" and (note := skipped_note(p))]
@@ -607,25 +625,23 @@ def _check_columns(chunk: pa.Table, spec: ModelSpec, columns: dict[str, str], pa
 
 
 def _close_columns(header: list[str], missing: list[str], needed: list[str], columns: dict[str, str]) -> str:
-    """For each missing column, the input's column of a close name that the spec does not read
-    (case aside), as a typo in the spec's name or in its data.columns mapping; "" for none.
+    """For each missing column, the input's column of a really close name (`close_name`) that the
+    spec does not read, as a typo in the spec's name or in its data.columns mapping; "" for none.
 
     >>> _close_columns(["clk", "userid", "click_sequence"], ["click_sequense"], ["clk", "click_sequense"], {})
     "is 'click_sequense' the input's 'click_sequence' (read by no feature or label)? correct the spec's name, or map it with data.columns: {click_sequense: click_sequence}"
     >>> _close_columns(["clk", "userid"], ["user_id"], ["clk", "user_id"], {"user": "user_id"})
     "data.columns maps 'user' to 'user_id': is it the input's 'userid' (read by no feature or label)?"
-    >>> _close_columns(["id", "clk"], ["user"], ["clk", "user"], {})
-    ''
+    >>> _close_columns(["id", "clk"], ["user"], ["clk", "user"], {}), _close_columns(["item_id"], ["cate_id"], ["cate_id"], {})
+    ('', '')
     """
-    import difflib
-
-    unread = {name.lower(): name for name in header if name not in needed}
+    unread = [name for name in header if name not in needed]
     notes = []
     for column in missing:
-        close = difflib.get_close_matches(column.lower(), list(unread), n=1, cutoff=0.6)
-        if not close:
+        found = close_name(column, unread)  # really close: not 'cate_id' for 'item_id' (`flowrec.data.close_names`)
+        if found is None:
             continue
-        found = unread.pop(close[0])
+        unread.remove(found)
         mapped = [name for name, target in columns.items() if target == column and name != column]
         if mapped:
             notes.append(f"data.columns maps {mapped[0]!r} to {column!r}: is it the input's {found!r} (read by no "

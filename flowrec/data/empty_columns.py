@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 
 from flowrec.data.layout import DataError, is_multi, label_columns
 from flowrec.spec.model import ModelSpec
+from flowrec.spec.units import counted
 
 MAP_HINT = "a mistyped or lost column? (data.columns maps features to columns)"
 MIN_ROWS = 2  # rows an input gives before its columns are judged (one row's missing label is said by its line)
@@ -168,7 +169,7 @@ class EmptyColumns:
                 value = self.values[source].get(f.name, VARIED)
                 if f.name in self.filled[source] and value is not VARIED:
                     out.append(f"{named}: column {name!r} (feature {f.name}) holds one value ({value!r:.40}) in every "
-                               f"one of its {rows:,} rows: a model learns nothing from it; a column an export filled, "
+                               f"one of its {counted(rows, 'row')}: a model learns nothing from it; a column an export filled, "
                                "or a file of one row repeated?")
                 if f.name in self.filled[source]:
                     continue
@@ -236,7 +237,7 @@ class EmptyLabels:
                  if self.columns.get(label, label) == column]
         heads = heads or [h.name for h in self.spec.heads if h.sample_weight is not None
                           and self.columns.get(h.sample_weight, h.sample_weight) == column]
-        rows = f"its {self.rows:,} rows" if whole else f"the {self.rows:,} rows read"
+        rows = f"its {counted(self.rows, 'row')}" if whole else f"the {counted(self.rows, 'row')} read"
         raise DataError(f"{self.source}: column {column!r}, the {what} of head {', '.join(heads)}, is empty in every "
                         f"one of {rows}: no row could train; a mistyped or lost column? (data.label or the head's "
                         "label names it; data.columns maps it)")

@@ -46,6 +46,29 @@ def label_tasks(spec: ModelSpec, columns: dict[str, str]) -> dict[str, str]:
     return tasks
 
 
+NEGATIVE_WORDS = ("no", "n", "false", "f", "neg", "negative", "0", "noclick", "not")  # mapped to 0 in the example
+
+
+def text_label_line(column: str, values: list[str], task: str, before: str = "converting") -> str:
+    """One line for a label column (`label_tasks`' source column and task) whose values are
+    mostly text (`flowrec.data.sources.TextColumn`): what it must hold and how to map it before
+    converting, with no hint to skip such rows (skipping them drops most rows).
+
+    >>> text_label_line("clk", ["no", "yes"], "binary")
+    "label column clk holds text ('no', 'yes'), not numbers: a binary head's label must be 0 or 1; map it before converting, e.g. in pandas: df['clk'] = df['clk'].map({'no': 0, 'yes': 1})"
+    """
+    words = sorted(values, key=lambda v: (v.lower() not in NEGATIVE_WORDS, v))
+    example = ", ".join(f"{v!r}: {i}" for i, v in enumerate(words[:3]))
+    must = {"binary": "a binary head's label must be 0 or 1",
+            "weight": "a sample weight must be a number >= 0",
+            "regression": "a regression head's label must be a number"}.get(task)
+    if must is None:  # multiclass:N
+        must = f"a multiclass head's label must be a class number 0 .. {int(task.split(':')[1]) - 1}"
+    mapped = (f"; map it before {before}, e.g. in pandas: df[{column!r}] = df[{column!r}].map({{{example}}})"
+              if task.startswith(("binary", "multiclass")) else "")
+    return f"label column {column} holds text ({', '.join(repr(v) for v in values)}), not numbers: {must}{mapped}"
+
+
 def _task(head) -> str:
     return f"multiclass:{head.num_classes}" if head.task == "multiclass" else head.task
 
@@ -103,14 +126,19 @@ MINUS_ONE = ("; labels written -1/+1? only libsvm and libfm read -1 as 0: write 
              "these rows would drop the class)")
 
 
-def one_based(classes: int) -> str:
-    """What a multiclass label equal to `classes` (one past the last index) most likely means.
+def one_based(classes: int, column: str = "label") -> str:
+    """What a multiclass label equal to `classes` (one past the last index) of `column` most likely
+    means: relabelling first; num_classes + 1 trains too, but with a class no row holds, which the
+    evaluation's accuracy_at_k then warns says little (`top_k_covers_classes`).
 
-    >>> one_based(5)
-    '; classes numbered 1 .. 5? a class index counts from 0: write each label less 1, or give num_classes: 6 (skipping these rows would drop the class)'
+    >>> one_based(5, "stars")
+    "; classes numbered 1 .. 5? a class index counts from 0: write each label less 1 (0 .. 4; e.g. in pandas: df['stars'] = df['stars'] - 1); num_classes: 6 would read them as they are, at a cost: a class 0 that no row holds, an output the model only learns to rank last, so accuracy_at_k with k >= 5 finds every label in the top k and says little (skipping these rows would drop the class)"
     """
-    return (f"; classes numbered 1 .. {classes}? a class index counts from 0: write each label less 1, or give "
-            f"num_classes: {classes + 1} (skipping these rows would drop the class)")
+    return (f"; classes numbered 1 .. {classes}? a class index counts from 0: write each label less 1 (0 .. "
+            f"{classes - 1}; e.g. in pandas: df[{column!r}] = df[{column!r}] - 1); num_classes: {classes + 1} would "
+            "read them as they are, at a cost: a class 0 that no row holds, an output the model only learns to rank "
+            f"last, so accuracy_at_k with k >= {classes} finds every label in the top k and says little (skipping "
+            "these rows would drop the class)")
 
 
 def check_labels(table: pa.Table, tasks: dict[str, str], log: ErrorLog,
@@ -157,7 +185,7 @@ def check_labels(table: pa.Table, tasks: dict[str, str], log: ErrorLog,
             what = "sample weight" if task == "weight" else "label"
             minus_one = task == "binary" and y[i] == -1  # not plus_minus: a -1/+1 file, whose -1 rows skip would drop
             past_last = task.startswith("multiclass:") and y[i] == int(task.split(":")[1])  # 1-based classes
-            hint = MINUS_ONE if minus_one else one_based(int(task.split(":")[1])) if past_last else ""
+            hint = MINUS_ONE if minus_one else one_based(int(task.split(":")[1]), name) if past_last else ""
             log.add(int(lines[i]), f"missing {what} in column {name}" if missing else
                     f"{what} {float(y[i])!r} in column {name}: {reason}{hint}", skippable=not hint)
     mapped = sum(int(np.count_nonzero(is_minus & ~bad)) for is_minus in minus.values())

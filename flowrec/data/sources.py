@@ -803,6 +803,22 @@ def _number_problem(value: float) -> str:
     return "value beyond float32" if np.isfinite(value) else "non-finite value"
 
 
+TEXT_SHOWN = 4  # distinct text values a `TextColumn` error shows
+
+
+class TextColumn(DataError):
+    """A numeric column (a label, a dense feature) whose values are mostly text ('no', 'yes'): not
+    malformed rows to skip (skipping them drops most rows), one line saying what the column must
+    hold. `flowrec.data.convert` says it of a label column in the label's terms (`label_line`)."""
+
+    def __init__(self, column: str, values: list[str], text: int, present: int) -> None:
+        self.column, self.values, self.text, self.present = column, values, text, present
+        super().__init__(f"column {column} holds text, not numbers ({', '.join(repr(v) for v in values)}"
+                         f"{', ...' if len(values) >= TEXT_SHOWN else ''} in {text:,} of its {present:,} values "
+                         "read so far): it is read as numbers (a dense feature or a label); write numbers "
+                         "there, or read it as a categorical feature")
+
+
 BOOL_NUMBERS = {"true": "1", "false": "0"}  # a bool column's text (pandas' True, Spark's true, R's TRUE), any case
 
 
@@ -819,6 +835,10 @@ def _parse_numbers(text: pa.Array, lines: np.ndarray, bad: np.ndarray, log: Erro
         raw = raw.mask(words == "")  # spaces only: missing, as an empty field is (not 'non-numeric value ' '')
         parsed = pd.to_numeric(raw, errors="coerce")
         wrong = (raw.notna() & parsed.isna()).to_numpy()
+        headers = (words == name.strip().lower()).to_numpy()  # a header line where the format reads none
+        if (wrong & ~headers).sum() * 2 > raw.notna().sum():  # most values text: skipping them would drop most rows
+            raise TextColumn(name, sorted(set(raw[wrong & ~headers].str.strip()))[:TEXT_SHOWN],
+                             int((wrong & ~headers).sum()), int(raw.notna().sum()))
         for i in np.flatnonzero(wrong & ~bad):
             bad[i] = True
             header = str(raw.iloc[i]).strip() == name  # a header line where the format reads none (or repeated)

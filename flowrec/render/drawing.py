@@ -24,6 +24,7 @@ import networkx as nx
 
 from flowrec.graph.kinds import PLACEMENTS
 from flowrec.graph.types import STAGES, OpGraph, PackedGroup, Plan
+from flowrec.spec.units import counted
 
 STAGE_COLORS: dict[str, str] = {  # fill colours, hex RGB
     "staging": "#e3f2fd",
@@ -401,15 +402,11 @@ def title(source: Source) -> str:
     meta = graph.graph.get("plan")
     parts.append(f"{graph.number_of_nodes()} ops")
     if meta is not None:
-        parts += [_plural(len(meta.groups), "packed group"), _plural(meta.micro_batches, "micro-batch")]
+        parts += [counted(len(meta.groups), "packed group"), counted(meta.micro_batches, "micro-batch")]
         if meta.world_size > 1:
             parts.append(f"{meta.world_size} ranks ({sum(g.sharding == 'row_wise' for g in meta.groups)} "
                          f"row-wise, {sum(g.sharding == 'replicated' for g in meta.groups)} replicated)")
     return " · ".join(parts)
-
-
-def _plural(n: int, noun: str) -> str:
-    return f"{n} {noun}" + ("" if n == 1 else "es" if noun.endswith("h") else "s")
 
 
 def legend(graph: OpGraph) -> list[LegendEntry]:

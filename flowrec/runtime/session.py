@@ -30,6 +30,7 @@ from flowrec.runtime.messages import shell_word
 from flowrec.runtime.rundir import run_folder_of
 from flowrec.spec.model import ModelSpec
 from flowrec.spec.schema_errors import did_you_mean
+from flowrec.spec.units import counted
 
 SYNTH_ROWS = 400_000  # default synthetic training rows of the embedded job
 EVAL_FRACTION = 0.2  # synthetic evaluation rows, as a fraction of the training rows
@@ -168,14 +169,14 @@ def label_warnings(spec: ModelSpec, train: Any) -> list[str]:
         mean = means.get(label)
         if mean in (0.0, 1.0):
             lines.append(f"every training label of head {head.name} (column {label}) in {path} is {int(mean)} "
-                         f"({rows:,} rows): it can only learn to predict {int(mean)}")
+                         f"({counted(rows, 'row')}): it can only learn to predict {int(mean)}")
         elif head.trained_where is not None:  # a task space may hold one class where all rows hold two
             lines.extend(_space_line(head, label, path))
     for column in weights:
         if means.get(column) == 0.0:
             heads = ", ".join(h.name for h in spec.heads if h.sample_weight == column)
             lines.append(f"every sample weight of head {heads} (column {column}) in {path} is 0 "
-                         f"({rows:,} rows): its loss is 0 at every step, so it learns nothing")
+                         f"({counted(rows, 'row')}): its loss is 0 at every step, so it learns nothing")
     return lines
 
 
@@ -194,7 +195,7 @@ def _space_line(head: Any, label: str, path: Path) -> list[str]:
     if value not in (0.0, 1.0):  # None: no row is in the space (validate refuses a space no row can be in)
         return []
     return [f"every training label of head {head.name} (column {label}) in {space} in {path} is {int(value)} "
-            f"({rows:,} rows): it can only learn to predict {int(value)}"]
+            f"({counted(rows, 'row')}): it can only learn to predict {int(value)}"]
 
 
 def precision_note(precision: str, device: torch.device) -> str | None:

@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
+from flowrec.data.close_names import close_name
 from flowrec.data.empty_columns import EmptyColumns
 from flowrec.data.encode import Encoder, UnseenIds
 from flowrec.data.encoder_record import (ENCODER_FILE, EncoderRecord, load_encoder, read_record,
@@ -136,7 +137,8 @@ class LoadedModel:
             DataError: a raw column the query tower needs is missing (as `predict`).
         """
         if self.items is None:
-            raise ValueError(f"{self.path} has no retrieval head: --top-k needs a package of a retrieval run")
+            raise ValueError(f"{self.path} has no retrieval head (its heads {', '.join(self.heads)} score rows: "
+                             "model.predict(rows) gives their scores); recommend needs a package of a retrieval run")
         # k=-1, 2.5 or None were torch's errors naming no k, k=0 empty lists of items
         if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
             raise ValueError(f"k must be a whole number of items, at least 1, not {k!r:.40}")
@@ -519,29 +521,28 @@ def few_lines(lines: list[str]) -> list[str]:
 
 def close_columns(missing: list[str], others: list[Any]) -> str:
     """`` (the rows have 'userid': rename it to 'user_id'?)`` for the columns the rows have, read by
-    no feature, that are close to a missing one (case aside), else ``""``; a column whose name only
+    no feature, that are really close to a missing one (`close_name`), else ``""``; a column whose name only
     looks like a missing one's (an accent written apart, a no-break space) is shown with both names'
     code points, as they print alike (`flowrec.data.look_alike`).
 
     >>> close_columns(["user_id", "price"], ["User_ID", "label", "prices"])
     " (the rows have 'User_ID', 'prices': rename them to 'user_id', 'price'?)"
-    >>> close_columns(["user_id"], ["label"])
-    ''
+    >>> close_columns(["user_id"], ["label"]), close_columns(["cate_id", "userid"], ["item_id", "user_id"])
+    ('', " (the rows have 'user_id': rename it to 'userid'?)")
     >>> print(close_columns(["us\u00e9r"], ["use\u0301r"]))
      (the rows' 'use\u0301r' looks like 'us\xe9r' but is written with other characters (an accent written apart, a no-break space): write the rows' name with the same characters)
     """
-    import difflib
-
     alike = look_alikes([str(c) for c in others], missing)
-    texts = {str(c).lower(): str(c) for c in others if str(c) not in {n for n, _ in alike}}
+    texts = [str(c) for c in others if str(c) not in {n for n, _ in alike}]
     pairs, looked = [], 0
     for name in missing:
         if len(pairs) == SHOWN_COLUMNS:  # (1,000 renamed columns: a hint of 24,000 characters, 2 s to make)
             break
         looked += 1
-        close = difflib.get_close_matches(name.lower(), list(texts), n=1, cutoff=0.6)
-        if close and name not in {w for _, w in alike}:
-            pairs.append((texts.pop(close[0]), name))
+        close = close_name(name, texts)  # really close: not 'cate_id' for 'item_id' (`flowrec.data.close_names`)
+        if close is not None and name not in {w for _, w in alike}:
+            texts.remove(close)
+            pairs.append((close, name))
     said = "".join(f" (the rows' {look_alike_note(*pair)}: write the rows' name with the same characters)"
                    for pair in alike[:SHOWN_COLUMNS])
     if not pairs:

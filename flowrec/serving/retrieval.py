@@ -24,6 +24,7 @@ Example:
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -96,7 +97,7 @@ class RetrievalExport:
     metric: str
     temperature: float
     vectors: np.ndarray  # (V, D) float32, item r at row r - 1
-    raw_items: pa.Array  # (V,) raw item ids (string; null where no value was fitted)
+    raw_items: pa.Array  # (V,) raw item ids (`item_ids`: int64 or string; null where no value was fitted)
     index: str
     query_columns: tuple[int, int]
     other_heads: tuple[str, ...] = ()  # the heads beside the retrieval head, in head order
@@ -134,6 +135,23 @@ class RetrievalExport:
 
 
 INDEX_CHOICES = ("auto", "exact", "faiss")  # `flowrec export --index`
+INTEGER_ID = re.compile(r"^(0|-?[1-9][0-9]{0,18})$")  # an integer as a number column writes it (no 007, no +7)
+
+
+def item_ids(raw: list[str | None]) -> pa.Array:
+    """The raw item ids of items.parquet, in the type the training rows wrote them: int64 where
+    every fitted id is an integer as a number column writes it (MovieLens's, a CSV's integer
+    column: recommend then gives ints, which join back to the rows' own int item column), else
+    text (zero-padded ids, words). The vocabulary holds every id as text, so the form of the ids
+    tells the type.
+
+    >>> item_ids(["286", None, "-3"]).type, item_ids(["286", "007"]).type
+    (DataType(int64), DataType(string))
+    """
+    named = [v for v in raw if v is not None]
+    if named and all(INTEGER_ID.match(v) and -(1 << 63) <= int(v) < (1 << 63) for v in named):
+        return pa.array([None if v is None else int(v) for v in raw], pa.int64())
+    return pa.array(raw, pa.string())
 
 def retrieval_export(trained: Any, encoder: EncoderRecord, index: str = "auto") -> RetrievalExport | None:
     """The retrieval part of a run's package (None without a retrieval head).
@@ -165,6 +183,6 @@ def retrieval_export(trained: Any, encoder: EncoderRecord, index: str = "auto") 
     others = [i for i in range(len(trained.spec.heads)) if i != binding.head]
     everything = head_columns(trained.model.head_widths)
     return RetrievalExport(spec_head.name, binding.item_feature, binding.attrs["metric"],
-                           float(binding.attrs["temperature"]), vectors, pa.array(raw, pa.string()), kind,
+                           float(binding.attrs["temperature"]), vectors, item_ids(raw), kind,
                            (start, start + half), tuple(trained.spec.heads[i].name for i in others),
                            tuple((everything[i].start, everything[i].stop) for i in others))

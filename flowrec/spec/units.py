@@ -49,6 +49,16 @@ def check_seed(value: object) -> str | None:
     return f"must be an integer in 0..{MAX_SEED} (got {shown})"
 
 
+def counted(n: int | float, noun: str) -> str:
+    """A count and its noun, singular for one: every count phrase of a message ("(1 rows)" read wrong).
+
+    >>> counted(1, "row"), counted(12345, "row"), counted(0, "class"), counted(2, "batch")
+    ('1 row', '12,345 rows', '0 classes', '2 batches')
+    """
+    plural = noun + ("es" if noun.endswith(("s", "sh", "ch", "x")) else "s")
+    return f"{n:,} {noun if n == 1 else plural}"
+
+
 def format_bytes(n: int | float) -> str:
     """Format bytes with binary units: 1536 -> '1.5 KiB'."""
     n = float(n)

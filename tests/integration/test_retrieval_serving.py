@@ -65,7 +65,8 @@ def reference_top_k(run_dir: Path, users: list[int]) -> tuple[list[list[str]], n
         scores = pair_scores(query, catalogue_vectors(model, model.retrieval), "dot", 1.0)
         best = torch.topk(scores, K, dim=1)
     vocab = read_vocab(Path(record.vocab_files["item_id"])).to_pylist()
-    return [[vocab[r] for r in row] for row in best.indices.tolist()], best.values.numpy()
+    # MovieLens's item ids are integers: the package gives them as ints (the vocabulary holds text)
+    return [[int(vocab[r]) for r in row] for row in best.indices.tolist()], best.values.numpy()
 
 
 @pytest.mark.parametrize("index", ["exact", "faiss"])

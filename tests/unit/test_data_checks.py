@@ -264,8 +264,10 @@ def test_multiclass_labels_numbered_from_1_say_so_and_not_to_skip_them():
         check_labels(raw, {"y": f"multiclass:{classes}"}, ErrorLog("fail", "f"), plus_minus=False)
     line = str(caught.value)
     assert f"f:{int(np.argmax(y == classes)) + 1}: label {float(classes)!r} in column y" in line, line
-    assert (f"classes numbered 1 .. {classes}? a class index counts from 0: write each label less 1, or give "
-            f"num_classes: {classes + 1}") in line and "--on-error skip" not in line, line
+    assert (f"classes numbered 1 .. {classes}? a class index counts from 0: write each label less 1 (0 .. "
+            f"{classes - 1}; e.g. in pandas: df['y'] = df['y'] - 1); num_classes: {classes + 1} would read them "
+            "as they are, at a cost: a class 0 that no row holds") in line and "--on-error skip" not in line, line
+    assert line.index("write each label less 1") < line.index(f"num_classes: {classes + 1}"), line  # relabel first
     raw = pa.table({"y": [0.0, float(classes + 1)], LINE_COLUMN: [1, 2]})
     with pytest.raises(DataError, match="--on-error skip") as caught:
         check_labels(raw, {"y": f"multiclass:{classes}"}, ErrorLog("fail", "f"), plus_minus=False)

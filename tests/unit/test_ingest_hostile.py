@@ -862,7 +862,7 @@ def test_labels_and_dense_values_a_csv_writes_as_booleans_are_ones_and_zeros(tmp
     text, typed = (pq.read_table(tmp_path / fmt) for fmt in ("csv", "parquet"))
     assert text.column("clicked").to_pylist() == [float(f) for f in flags] == typed.column("clicked").to_pylist()
     assert text.column("price").to_pylist() == typed.column("price").to_pylist()
-    (tmp_path / "bad.csv").write_text("price,user,clicked\n1,u1,yes\n", encoding="utf-8")
+    (tmp_path / "bad.csv").write_text("price,user,clicked\n1,u1,0\n2,u2,1\n3,u3,yes\n", encoding="utf-8")  # (all text: test_labels7_messages)
     with pytest.raises(DataError, match="non-numeric value 'yes' in column clicked"):
         convert(_spec(), "csv", [tmp_path / "bad.csv"], tmp_path / "bad")
 

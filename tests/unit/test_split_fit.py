@@ -158,7 +158,7 @@ def test_a_malformed_row_is_counted_once_over_the_cutoff_fit_and_write_passes(tm
 
 
 def test_a_split_of_only_malformed_rows_counts_each_once(tmp_path):
-    (tmp_path / "bad.csv").write_text("c,x,rid,label\nv1,no,0,0\nv2,no,1,1\nv3,no,2,0\n")
+    (tmp_path / "bad.csv").write_text("c,x,rid,label\nv1,inf,0,0\nv2,inf,1,1\nv3,inf,2,0\n")
     with pytest.raises(DataError, match="all 3 rows were malformed"):
         convert(_spec(test_fraction=0.3, split_seed=0), "csv", [tmp_path / "bad.csv"], tmp_path / "out",
                 on_error="skip")

@@ -22,8 +22,14 @@ from flowrec.runtime.retrieval import catalogue_vectors, item_labels
 from flowrec.runtime.evaluation.scores import head_columns, scores
 from flowrec.runtime.step import autocast_context
 from flowrec.spec.tasks import TASKS
+from operators.custom import forget_outputs, non_finite_note, non_finite_rows
 
-Metrics = dict[str, dict[str, float]]
+class Metrics(dict):
+    """Head -> metric -> value, and `nonfinite`: the custom modules whose outputs held NaN or
+    infinity on some evaluation rows, with how many (`operators.custom.non_finite_note`; None:
+    none), which the line of a head's NaN scores names (`flowrec.cli.metrics_table.undefined_notes`)."""
+
+    nonfinite: str | None = None
 
 
 class GroupByError(ValueError):
@@ -101,12 +107,21 @@ def predict(model: LoweredModel, batches: Iterable[Any], precision: str = "fp32"
     return np.concatenate(preds), np.concatenate(labels)
 
 
-def _scored(model: LoweredModel, batches: Iterable[Any], precision: str):
-    """(predictions (B, T) as numpy, batch) for every batch, in eval mode."""
+def _scored(model: LoweredModel, batches: Iterable[Any], precision: str,
+            customs: dict[str, list[int]] | None = None):
+    """(predictions (B, T) as numpy, batch) for every batch, in eval mode; with `customs`, each
+    custom module's rows of non-finite output and rows, summed into it (`non_finite_rows`)."""
     with eval_mode(model):
         for batch in batches:
+            counting = customs is not None and getattr(model, "custom", False)
+            if counting:
+                forget_outputs(model)
             with torch.no_grad(), autocast_context(model.device, precision):
                 out = scores(model(batch).float(), model.tasks, model.head_widths)  # (B, sum of widths)
+            if counting:
+                for name, (bad, rows) in non_finite_rows(model).items():
+                    tally = customs.setdefault(name, [0, 0])
+                    tally[0], tally[1] = tally[0] + bad, tally[1] + rows
             yield out.cpu().numpy(), batch
 
 
@@ -133,7 +148,8 @@ def evaluate(model: LoweredModel, batches: Iterable[Any], precision: str = "fp32
     samples = [0] * len(accs)
     columns = head_columns(model.head_widths)
     alone = 0  # rows so far without a group-by value (NO_GROUP), each a group of its own
-    for preds, batch in _scored(model, batches, precision):
+    customs: dict[str, list[int]] = {}  # custom module -> [rows of non-finite output, rows]
+    for preds, batch in _scored(model, batches, precision, customs):
         labels = item_labels(model.retrieval, batch, batch.labels).cpu().numpy()  # (B, T [+ sample weights])
         groups = batch_groups(batch, slot) if slot is not None else None
         if groups is not None:
@@ -143,7 +159,9 @@ def evaluate(model: LoweredModel, batches: Iterable[Any], precision: str = "fp32
             head_preds = preds[:, columns[i]] if model.head_widths[i] > 1 else preds[:, columns[i].start]
             acc.update(labels[rows, i], head_preds[rows], groups[rows] if groups is not None else None)
             samples[i] += int(np.count_nonzero(rows))
-    return {head: {**acc.result(), "samples": n} for head, acc, n in zip(model.head_names, accs, samples)}
+    metrics = Metrics({head: {**acc.result(), "samples": n} for head, acc, n in zip(model.head_names, accs, samples)})
+    metrics.nonfinite = non_finite_note({name: (bad, rows) for name, (bad, rows) in customs.items()})
+    return metrics
 
 
 def _seen_in_rows(model: LoweredModel, feature: str, seen: SeenItems) -> SeenItems:
