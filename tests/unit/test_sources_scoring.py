@@ -41,7 +41,8 @@ def test_avazu_reads_only_the_scored_columns_and_its_label(tmp_path: Path) -> No
                                            for i in range(len(rows["click"]))]
     bad = int(rng.integers(1, len(lines)))
     cells = lines[bad].split(b",")
-    cells[-1] = b"\xff\xfe" + rng.bytes(3).replace(b",", b"x").replace(b"\n", b"y")  # not UTF-8, in a junk column
+    # not UTF-8, in a junk column; bytes past ASCII only (a random quote or CR would split the row otherwise)
+    cells[-1] = b"\xff\xfe" + bytes(int(v) for v in rng.integers(0x80, 0x100, 3))
     lines[bad] = b",".join(cells)
     path = tmp_path / "rows.csv"
     path.write_bytes(b"\n".join(lines) + b"\n")
