@@ -157,4 +157,6 @@ def _tensorboard_writer(folder: Path):
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:  # tensorboard is optional
         return None
-    return SummaryWriter(log_dir=str(folder / "tensorboard"))
+    # absolute: its writer thread opens the file at every flush, and a custom module's forward that moves
+    # the working folder (put back after the call) moved a relative one from under it for that while
+    return SummaryWriter(log_dir=os.path.abspath(folder / "tensorboard"))

@@ -291,7 +291,9 @@ class Trainer:
 
     def _make_checkpointer(self) -> Any:
         """The run's checkpoint writer: `Checkpointer` (one process) or `RankCheckpointer` (ranks)."""
-        path = Path(self.config.out_dir or ".") / CHECKPOINT_NAME
+        # absolute: the writes run on a thread of their own, beside a custom module's forward that may move
+        # the working folder for the while of its call (put back after it)
+        path = Path(os.path.abspath(self.config.out_dir or ".")) / CHECKPOINT_NAME
         rows = {g.name: g.rows for g in self.model.groups}
         background = background_checkpoints()
         if self.world is None:
