@@ -19,24 +19,21 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from flowrec.data.error_log import ErrorLog
 from flowrec.data.id_forms import IdForms
 from flowrec.data.layout import is_multi, unique_labels
-from flowrec.data.raw_ids import as_strings, raw_id_hashes
+from flowrec.data.raw_ids import as_strings, raw_id_hashes, value_hashes
 from flowrec.spec.model import DenseFeature, ModelSpec, SparseFeature
 
 
 def hash_rows(values: pa.Array, rows: int) -> np.ndarray:
     """Stable hash of each value's string form into rows 1..rows-1; nulls and "" -> 0."""
-    strings = as_strings(values).dictionary_encode()
-    uniques = strings.dictionary.to_numpy(zero_copy_only=False).astype(object)
-    hashed = pd.util.hash_array(uniques, categorize=False) % np.uint64(max(rows - 1, 1))
-    table = (hashed.astype(np.int64) + 1) if rows > 1 else np.zeros(len(uniques), np.int64)
-    index = strings.indices.fill_null(-1).to_numpy(zero_copy_only=False)
+    hashed, index = value_hashes(values)
+    hashed = hashed % np.uint64(max(rows - 1, 1))
+    table = (hashed.astype(np.int64) + 1) if rows > 1 else np.zeros(len(hashed), np.int64)
     out = np.zeros(len(index), np.int64)
     valid = index >= 0
     out[valid] = table[index[valid]]
@@ -57,9 +54,8 @@ def hash_rows_together(columns: list[pa.Array], rows: list[int]) -> list[np.ndar
     """
     out: list[np.ndarray | None] = [None] * len(columns)
     kinds: dict[pa.DataType, list[int]] = {}
+    columns = [c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in columns]  # (the caller's list kept)
     for i, column in enumerate(columns):
-        column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-        columns[i] = column
         if pa.types.is_dictionary(column.type) or pa.types.is_nested(column.type) or len(column) == 0 \
                 or pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type):
             # (dictionaries of other values do not concatenate; bytes that are not UTF-8 are named by row)
@@ -70,10 +66,7 @@ def hash_rows_together(columns: list[pa.Array], rows: list[int]) -> list[np.ndar
         if len(members) == 1:
             out[members[0]] = hash_rows(columns[members[0]], rows[members[0]])
             continue
-        strings = as_strings(pa.concat_arrays([columns[i] for i in members])).dictionary_encode()
-        uniques = strings.dictionary.to_numpy(zero_copy_only=False).astype(object)
-        hashed = pd.util.hash_array(uniques, categorize=False)
-        index = strings.indices.fill_null(-1).to_numpy(zero_copy_only=False)
+        hashed, index = value_hashes(pa.concat_arrays([columns[i] for i in members]))
         start = 0
         for i in members:
             part = index[start:start + len(columns[i])]

@@ -149,13 +149,20 @@ def not_utf8(values: pa.Array) -> str | None:
     return None
 
 
-def raw_id_hashes(values: pa.Array) -> np.ndarray:
-    """Stable 64-bit hash of each value's string form; nulls and "" -> MISSING_ID.  # (N,) int64"""
+def value_hashes(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """The 64-bit hash of each distinct string form of `values` (pandas' SipHash, fixed key), and
+    each value's index into them (-1: null or ""): hashed tables' rows and managed tables' raw ids
+    both come from it.  # (U,) uint64, (n,) int64"""
     strings = as_strings(values).dictionary_encode()
     uniques = strings.dictionary.to_numpy(zero_copy_only=False).astype(object)
-    table = pd.util.hash_array(uniques, categorize=False).view(np.int64)
+    return pd.util.hash_array(uniques, categorize=False), strings.indices.fill_null(-1).to_numpy(zero_copy_only=False)
+
+
+def raw_id_hashes(values: pa.Array) -> np.ndarray:
+    """Stable 64-bit hash of each value's string form; nulls and "" -> MISSING_ID.  # (N,) int64"""
+    hashed, index = value_hashes(values)
+    table = hashed.view(np.int64)
     table = np.where(table == MISSING_ID, 1, table)
-    index = strings.indices.fill_null(-1).to_numpy(zero_copy_only=False)
     out = np.full(len(index), MISSING_ID, np.int64)
     valid = index >= 0
     out[valid] = table[index[valid]]
