@@ -347,14 +347,16 @@ def _warn_line(line: str) -> None:
 
 
 def _warn_covered_classes(metrics: Metrics) -> Metrics:
-    """`metrics`, after a UserWarning for each multiclass head whose k of accuracy@k reaches the
-    classes its evaluation rows hold (accuracy_at_k then 1.0 for any model that ranks the others
-    last), as `flowrec train` and `flowrec eval` warn on the console."""
+    """`metrics`, after a UserWarning for each head whose metrics are NaN (NaN scores, naming the
+    custom module that returned them; one class of labels) and for each multiclass head whose k of
+    accuracy@k reaches the classes its evaluation rows hold (accuracy_at_k then 1.0 for any model
+    that ranks the others last), as `flowrec train` and `flowrec eval` say on the console."""
     import warnings
 
     from flowrec.runtime.evaluation.classes import top_k_covers_classes
+    from flowrec.runtime.evaluation.undefined import PYTHON, undefined_notes
 
-    for line in top_k_covers_classes(metrics):
+    for line in undefined_notes(metrics, PYTHON) + top_k_covers_classes(metrics):
         warnings.warn(line, UserWarning, stacklevel=3)
     return metrics
 

@@ -855,7 +855,8 @@ def _check_loop_settings(session, data: str | None = None) -> None:
 
 def _console_hooks(trainer, quiet: bool):
     """Hooks that print a metrics table at every evaluation (and early stopping's decisions)."""
-    from flowrec.cli.metrics_table import metrics_table, number_cell, undefined_notes
+    from flowrec.cli.metrics_table import metrics_table, number_cell
+    from flowrec.runtime.evaluation.undefined import undefined_notes
     from flowrec.runtime.trainer import Hooks
 
     shown: list[int] = []  # steps whose metrics are on the console
@@ -1249,7 +1250,8 @@ def refuse_replacing_other_than_metrics(out: Path) -> None:
 def _write_metrics(metrics: dict, json_out: Optional[str], quiet: bool = False, overwrite: bool = False) -> None:
     """The table on stdout, and the JSON (NaN as null) to a file or, for '-', stdout instead (a file
     another process wrote since the command checked it replaced only with `overwrite`)."""
-    from flowrec.cli.metrics_table import metrics_table, undefined_notes
+    from flowrec.cli.metrics_table import metrics_table
+    from flowrec.runtime.evaluation.undefined import undefined_notes
     from flowrec.runtime.run_log import jsonable
 
     text = json.dumps(jsonable(metrics), indent=2, sort_keys=True) + "\n"

@@ -205,7 +205,7 @@ def test_the_metrics_table_shows_small_and_huge_values_with_their_digits() -> No
 def test_metrics_undefined_on_one_class_of_labels_are_said_why(capsys) -> None:
     """Evaluation rows of one class (every label 0) showed '-' for auc, pr_auc, ne and calibration
     (null in --json) with no word of why, in flowrec eval as in train's evaluations."""
-    from flowrec.cli.metrics_table import undefined_notes
+    from flowrec.runtime.evaluation.undefined import undefined_notes
     from flowrec.cli.train_cmds import _write_metrics
 
     nan = float("nan")
@@ -237,7 +237,7 @@ def test_nan_scores_leave_the_ranking_metrics_undefined() -> None:
     """A model of non-finite parameters scores NaN; np.unique sorts NaN above every score, so the
     binary head reported auc 0.5069 and pr_auc 0.5065 of NaN scores, and a multiclass head accuracy
     1.0 (a NaN probability ranks below nothing); now they are NaN, said in one line."""
-    from flowrec.cli.metrics_table import undefined_notes
+    from flowrec.runtime.evaluation.undefined import undefined_notes
     from flowrec.runtime.evaluation.classes import MulticlassAccumulator
 
     labels, groups = np.array([0, 1, 0, 1]), np.array([1, 1, 2, 2])

@@ -179,3 +179,48 @@ def test_nan_evaluation_scores_name_the_custom_module_that_returned_them(tmp_pat
     assert result.exit_code == 0, result.output
     (note,) = [x for x in result.output.splitlines() if "not a finite number" in x]
     assert f"or custom module 'mine' ({tmp_path / 'evalnan.py'}:EvalNan) returning NaN" in note, note
+
+
+def test_python_api_warns_of_nan_scores_and_of_one_class_labels(tmp_path):
+    """`flowrec.load(run).evaluate()` and `flowrec.train()` gave NaN metrics without a word where
+    `flowrec eval` and `flowrec train` name the custom module that scored NaN (and say why a one-class
+    evaluation leaves AUC undefined): the API now warns the same lines."""
+    import warnings
+
+    import yaml
+
+    import flowrec
+
+    rng = np.random.default_rng()
+    above = float(rng.uniform(0.5, 1.5))
+    (tmp_path / "evalnan.py").write_text(EVAL_NAN)
+    doc = {"name": "evalnan",
+           "features": [{"name": "x0", "type": "dense"}, {"name": "x1", "type": "dense"},
+                        {"name": "user", "type": "categorical", "hash_buckets": 300, "dim": 8}],
+           "modules": [{"name": "mine", "kind": "custom", "class": f"{tmp_path / 'evalnan.py'}:EvalNan",
+                        "inputs": ["@dense", "@sparse"], "params": {"in_features": 10, "above": above}},
+                       {"name": "top", "kind": "mlp", "inputs": ["mine"], "layers": [4]}],
+           "heads": [{"name": "ctr", "input": "top"}],
+           "training": {"batch_size": 64, "seed": int(rng.integers(1 << 20))}}
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(doc))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        flowrec.train(tmp_path / "spec.yaml", rows=int(rng.integers(200, 400)), out=tmp_path / "run", device="cpu")
+    (line,) = [str(w.message) for w in caught if "scored NaN" in str(w.message)]
+    assert "custom module 'mine'" in line and line.endswith("(NaN in the returned metrics)"), line
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        metrics = flowrec.load(tmp_path / "run", device="cpu").evaluate()
+    assert np.isnan(metrics["ctr"]["logloss"])
+    (line,) = [w for w in caught if "scored NaN" in str(w.message)]
+    assert "custom module 'mine'" in str(line.message) and line.filename == __file__, (line.filename, str(line.message))
+
+
+def test_one_class_lines_say_how_the_caller_shows_an_undefined_metric():
+    from flowrec.runtime.evaluation.undefined import PYTHON, undefined_notes
+
+    ones = {"ctr": {"auc": float("nan"), "pr_auc": 0.9, "logloss": 0.3, "samples": 7}}
+    (table,) = undefined_notes(ones)
+    (python,) = undefined_notes(ones, PYTHON)
+    assert table.startswith("ctr: every evaluation label is 1 (7 rows): auc is undefined")
+    assert table.endswith("('-' in the table, null in JSON)") and python.endswith("(NaN in the returned metrics)")
