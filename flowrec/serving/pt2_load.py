@@ -1,12 +1,19 @@
-"""Reading a checked `torch.export` archive with each schema class's type hints looked up once.
+"""Reading a checked `torch.export` archive with each schema class's type hints looked up once,
+and each symbolic size's text parsed once.
 
 torch 2.13's deserialiser (`torch._export.serde.serialize._dict_to_dataclass`) turns the
 program's JSON into the dataclasses of its schema and asks `typing.get_type_hints` of the class
 at every object it makes: 154,010 times for a 1,000-field program, 10.1 s of its load (3.4 s
-with each class's hints looked up once). `load_program` is `torch.export.load` with the `typing`
-that module sees replaced, for the duration of the call only (under a lock), by a copy of it
-whose `get_type_hints` remembers each class's hints (the schema's classes never change). Where
-this torch lacks the private module, `load_program` is plain `torch.export.load`.
+with each class's hints looked up once). It also parses every symbolic size it meets with
+`sympy.sympify` (sympy's parser, about 3.5 ms a call): 5,033 calls for a 1,000-field program, of
+1,002 distinct texts (the batch size `Symbol('s37', positive=True, integer=True)` and its
+`Add(..., Integer(1))` 4,033 times). `load_program` is `torch.export.load` with the `typing` and
+the `sympy` that module sees replaced, for the duration of the call only (under a lock), by copies
+whose `get_type_hints` remembers each class's hints (the schema's classes never change) and whose
+`sympify` remembers each text's expression for the names it reads (`_remembering_sympy`: the
+same text with the same objects behind its names is the same expression; sympy's expressions
+never change). Where this torch lacks the private module, `load_program` is plain
+`torch.export.load`.
 
 The archive must have been checked first (`flowrec.serving.pt2_check.check_archive`): this
 changes how fast torch reads it, nothing of what torch reads or runs.
@@ -16,6 +23,7 @@ Example:
 """
 from __future__ import annotations
 
+import re
 import threading
 import types
 import typing
@@ -23,6 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+import sympy
 import torch
 
 try:  # private: checked below, with a fallback
@@ -35,19 +44,19 @@ _PATCH_LOCK = threading.Lock()  # the replacement is module-wide while it lasts
 
 def load_program(path: Path) -> torch.export.ExportedProgram:
     """`torch.export.load(path)`, each schema class's type hints looked up once."""
-    if getattr(_serialize, "typing", None) is not typing:  # another torch: as it is
-        return torch.export.load(path)
-    with _PATCH_LOCK, _hints_remembered():
+    if getattr(_serialize, "typing", None) is not typing or getattr(_serialize, "sympy", None) is not sympy:
+        return torch.export.load(path)  # another torch: as it is
+    with _PATCH_LOCK, _remembered():
         return torch.export.load(path)
 
 
 @contextmanager
-def _hints_remembered() -> Iterator[None]:
-    _serialize.typing = _remembering_typing()
+def _remembered() -> Iterator[None]:
+    _serialize.typing, _serialize.sympy = _remembering_typing(), _remembering_sympy()
     try:
         yield
     finally:
-        _serialize.typing = typing
+        _serialize.typing, _serialize.sympy = typing, sympy
 
 
 def _remembering_typing() -> types.SimpleNamespace:
@@ -65,3 +74,38 @@ def _remembering_typing() -> types.SimpleNamespace:
         return hints
 
     return types.SimpleNamespace(**{**vars(typing), "get_type_hints": get_type_hints})
+
+
+NAME = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")  # every word of a text, quoted or not (a superset of its names)
+
+
+def _remembering_sympy() -> types.SimpleNamespace:
+    """The names of `sympy`, its `sympify` remembering the expression of each text parsed with
+    `locals`, keyed by the text and the object `locals` gives for each word of it (the objects,
+    held by the key: sympy's equal objects are interchangeable): a name `locals` maps to another
+    object since (or newly maps) is a new key, so a remembered answer is the one sympy's parser
+    would give now. Other calls are sympy's own.
+
+    >>> remembering = _remembering_sympy()
+    >>> s = sympy.Symbol("s0", positive=True, integer=True)
+    >>> text = "Add(Symbol('s0', positive=True, integer=True), Integer(1))"
+    >>> remembering.sympify(text, locals={}) == s + 1, remembering.sympify(text, locals={}) is remembering.sympify(text, locals={})
+    (True, True)
+    >>> remembering.sympify("s0 + 1", locals={"s0": s}) == s + 1, remembering.sympify("s0 + 1", locals={"s0": s * 2}) == 2 * s + 1
+    (True, True)
+    """
+    seen: dict[tuple, Any] = {}
+
+    def sympify(a: Any, *args: Any, locals: dict | None = None, **kwargs: Any) -> Any:
+        if not isinstance(a, str) or args or kwargs or not isinstance(locals, dict):
+            return sympy.sympify(a, *args, locals=locals, **kwargs)
+        key = (a, *((word, locals[word]) for word in NAME.findall(a) if word in locals))
+        try:
+            expression = seen.get(key)
+        except TypeError:  # (a name's object of no hash: parsed each time)
+            return sympy.sympify(a, locals=locals)
+        if expression is None:
+            expression = seen[key] = sympy.sympify(a, locals=locals)
+        return expression
+
+    return types.SimpleNamespace(**{**vars(sympy), "sympify": sympify})

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import sympy
 import torch
 
 from flowrec.serving.pt2_load import load_program
@@ -105,14 +106,36 @@ def test_load_program_reads_the_program_torch_reads_and_leaves_torch_as_it_was(t
 
     torch.export.save(_export(), tmp_path / "model.pt2")
     ours, torchs = load_program(tmp_path / "model.pt2"), torch.export.load(tmp_path / "model.pt2")
-    assert serialize.typing is typing
+    assert serialize.typing is typing and serialize.sympy is sympy
     assert str(ours.graph) == str(torchs.graph) and ours.range_constraints == torchs.range_constraints
+    shapes = [str(node.meta.get("val")) for node in ours.graph.nodes]  # the parsed sizes: (s37, 2), (s37 + 1,)
+    assert shapes == [str(node.meta.get("val")) for node in torchs.graph.nodes]
+    assert sum("+ 1," in shape for shape in shapes) >= len(FEATURES), shapes  # each offsets input, at least
     assert ours.state_dict.keys() == torchs.state_dict.keys()
     for name, value in ours.state_dict.items():
         torch.testing.assert_close(value, torchs.state_dict[name], rtol=0, atol=0)
     dense, sparse = _inputs(ROWS, 5)
     torch.testing.assert_close(program_module(ours, tmp_path / "model.pt2", ROWS)(dense, sparse),
                                torchs.module()(dense, sparse), rtol=0, atol=0)
+
+
+def test_sympify_remembered_answers_what_sympys_parser_answers_now():
+    """`load_program` parses each symbolic size's text once: the same text gives sympy's own
+    expression whenever the names it reads map to the same objects, and a new parse when not."""
+    from flowrec.serving.pt2_load import _remembering_sympy
+
+    rng = np.random.default_rng()
+    n = int(rng.integers(2, 1 << 20))
+    remembering = _remembering_sympy()
+    s = sympy.Symbol(f"s{n}", positive=True, integer=True)
+    for text, names in [(sympy.srepr(s + n), {}), (f"s{n} * 2 + {n}", {f"s{n}": s}),
+                        (f"FloorDiv(s{n}, 3)", {f"s{n}": s, "FloorDiv": sympy.Function("FloorDiv")})]:
+        first = remembering.sympify(text, locals=dict(names))
+        assert first == sympy.sympify(text, locals=dict(names)) and remembering.sympify(text, locals=dict(names)) is first
+    other = sympy.Symbol(f"s{n}", integer=True)  # the same name, another symbol: a new answer
+    again = remembering.sympify(f"s{n} * 2 + {n}", locals={f"s{n}": other})
+    assert again == 2 * other + n and again != 2 * s + n
+    assert remembering.sympify(f"x{n} + 1", locals={}) == sympy.Symbol(f"x{n}") + 1
 
 
 def test_a_program_that_records_no_guards_keeps_torchs():
