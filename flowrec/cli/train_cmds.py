@@ -10,7 +10,7 @@ import sys
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
@@ -988,7 +988,7 @@ def _init_from_plan_or_exit(parent: dict, settings: dict, spec, world, ranks: in
     groups must be the parent's (the checkpoint's layout); anything else is refused in one line
     naming what differs."""
     from flowrec.graph.plan_io import model_fingerprint
-    from flowrec.runs.changes import document_differences, listed, recorded_spec, _model_doc
+    from flowrec.runs.changes import document_differences, listed, _model_doc
     from flowrec.runs.errors import RunError
     from flowrec.runs.init_from import group_differences, training_view
     from flowrec.runs.plan import plan_for_run
@@ -997,10 +997,13 @@ def _init_from_plan_or_exit(parent: dict, settings: dict, spec, world, ranks: in
     from flowrec.runtime.checkpoint.store import CheckpointError
 
     source = Path(settings["init_from"])
-    old = recorded_spec(parent)
+    # the run's class files where it finds them: a moved or copied file of the same content is the same model
+    old, notes = _run_spec_class_files(parent, source, spec, world)
     if old is None or model_fingerprint(old) == model_fingerprint(spec) \
             or model_fingerprint(training_view(old, spec)) != model_fingerprint(old):
         return _for_ranks(_stored_plan_or_exit(parent, source, spec, True, world), spec, ranks)
+    for line in notes:  # (`_stored_plan_or_exit` says them on its path)
+        _say(f"note: {line}")
     made = _parent_plan_settings(source, settings)  # planned as the run was: its budget, cache, target, profile
     try:
         stored = stored_plan(parent, str(source / "checkpoint.pt"))
@@ -1050,26 +1053,36 @@ def _same_class_files(state: dict, folder: Path, spec, whole: bool = False, worl
     of the same content by another path (a copy: `same_content_class_files`, said in a note). A file
     found in place of a gone one that is not the file the run trained is refused in one line."""
     from flowrec.graph.plan_io import model_fingerprint
-    from flowrec.runs.changes import recorded_spec
-    from flowrec.spec.class_paths import recorded_digests, run_class_files, same_content_class_files
     from flowrec.spec.load import to_dict
     from flowrec.spec.model import identity_doc
 
-    old = recorded_spec(state)
+    old, notes = _run_spec_class_files(state, folder, spec, world)
     if old is None or not any(m.kind == "custom" for m in old.modules):
         return False
-    try:
-        old = run_class_files(old, _run_folder(folder))[0]  # --init-from may name a checkpoint file
-        # a copy of the class file, or the file moved, with the content the run trained is the same model
-        old, notes = same_content_class_files(old, spec, recorded_digests(_run_folder(folder)))
-    except ValueError as exc:
-        _refuse(str(exc), world)
     if not whole:  # said once: the whole-spec check follows it for --resume
         for line in notes:
             _say(f"note: {line}")
     if whole:
         return identity_doc(to_dict(old)) == identity_doc(to_dict(spec))
     return model_fingerprint(old) == model_fingerprint(spec)
+
+
+def _run_spec_class_files(state: dict, folder: Path, spec, world=None) -> tuple[Any, list[str]]:
+    """The run's recorded spec (None where it recorded none) with its custom class files resolved
+    as `_same_class_files` says (where the run finds them; a file of the same content the spec names
+    by another path), and the notes saying so."""
+    from flowrec.runs.changes import recorded_spec
+    from flowrec.spec.class_paths import recorded_digests, run_class_files, same_content_class_files
+
+    old = recorded_spec(state)
+    if old is None or not any(m.kind == "custom" for m in old.modules):
+        return old, []
+    try:
+        old = run_class_files(old, _run_folder(folder))[0]  # --init-from may name a checkpoint file
+        # a copy of the class file, or the file moved, with the content the run trained is the same model
+        return same_content_class_files(old, spec, recorded_digests(_run_folder(folder)))
+    except ValueError as exc:
+        _refuse(str(exc), world)
 
 
 def _finished_line(folder: Path, trainer, settings: dict) -> str:

@@ -154,3 +154,63 @@ def test_init_from_with_other_settings_is_planned_with_the_runs_plan_flags(paren
 
     assert placements(tmp_path / "child") == placements(tmp_path / "small") and \
         {p for _, p in placements(tmp_path / "small")} == {"host"}
+
+
+BLOCK = '''import torch
+class Blk(torch.nn.Module):
+    def __init__(self, in_features, out_features):
+        super().__init__()
+        self.lin = torch.nn.Linear(in_features, out_features)
+    def forward(self, x):
+        return torch.relu(self.lin(x)) * <SCALE>
+'''
+CUSTOM = """
+name: tune_custom
+features:
+  - {name: price, type: dense}
+  - {name: user, type: categorical, hash_buckets: 500, dim: 8}
+modules:
+  - {name: mine, kind: custom, class: "<FILE>:Blk", inputs: ["@dense", "@sparse"], params: {in_features: 9, out_features: 6}}
+  - {name: top, kind: mlp, inputs: [mine], layers: [4]}
+heads:
+  - {name: ctr, input: top, task: binary, loss: bce}
+optimizer:
+  dense: {name: adam, lr: <LR>}
+  sparse: {name: rowwise_adagrad, lr: 0.05}
+training: {batch_size: 64, epochs: 1, seed: <SEED>}
+"""
+
+
+def test_init_from_with_a_lower_lr_after_the_class_file_moved_starts_from_the_run(tmp_path):
+    """A run's custom class file moved (the same content under another path) was known as the same
+    model by --resume and by --init-from of an unchanged spec, but --init-from with a lower lr
+    named the class path as a model change and refused; now the lr is the only difference noted."""
+    rng = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
+    scale, seed = f"{rng.uniform(0.5, 2.0):.4f}", str(int(rng.integers(1 << 20)))
+    (tmp_path / "old").mkdir(), (tmp_path / "new").mkdir()
+    (tmp_path / "old" / "blk.py").write_text(BLOCK.replace("<SCALE>", scale))
+
+    def spec(name: str, where: str, lr: str) -> Path:
+        path = tmp_path / name
+        path.write_text(CUSTOM.replace("<FILE>", str(tmp_path / where / "blk.py")).replace("<LR>", lr)
+                        .replace("<SEED>", seed))
+        return path
+
+    rows = str(int(rng.integers(300, 600)))
+    done = runner.invoke(app, ["train", str(spec("a.yaml", "old", "0.01")), "--rows", rows, "--out",
+                               str(tmp_path / "run"), "--quiet", "--device", "cpu"])
+    assert done.exit_code == 0, done.output
+    (tmp_path / "old" / "blk.py").rename(tmp_path / "new" / "blk.py")
+    tuned = runner.invoke(app, ["train", str(spec("b.yaml", "new", "0.002")), "--rows", rows, "--init-from",
+                                str(tmp_path / "run"), "--out", str(tmp_path / "tuned"), "--device", "cpu"])
+    assert tuned.exit_code == 0, tuned.output
+    (moved,) = [line for line in tuned.output.splitlines() if "has the content of" in line]
+    assert str(tmp_path / "new" / "blk.py") in moved and str(tmp_path / "old" / "blk.py") in moved, moved
+    (changed,) = [line for line in tuned.output.splitlines() if "training settings differ" in line]
+    assert "optimizer.dense.lr 0.01 in the run, 0.002 in the spec" in changed and ".class" not in changed, changed
+    # another content under the new path is another model, refused naming the class file
+    (tmp_path / "new" / "blk.py").write_text(BLOCK.replace("<SCALE>", f"{float(scale) + 1:.4f}"))
+    other = runner.invoke(app, ["train", str(spec("b.yaml", "new", "0.002")), "--rows", rows, "--init-from",
+                                str(tmp_path / "run"), "--out", str(tmp_path / "other"), "--device", "cpu"])
+    assert other.exit_code == 2 and "modules[mine].class" in other.output, other.output
+    assert not (tmp_path / "other").exists()
