@@ -9,7 +9,8 @@ statistics too (recorded as ``fit_on: train`` in the split record). With
 values: rule 3, so a row's exact copies land on its side, `flowrec.data.duplicates`; by row index
 for a run of before it, rule 2; either way not by chunking) into ``train/`` and ``test/`` datasets; with
 ``split_by: <timestamp column>`` the newest ``test_fraction`` of the rows are the test set (a first
-pass reads the column, numbers or text times ordered as text; rows at the cutoff time go to test). Encoding with an existing encoder
+pass reads the column, numbers or text times ordered as text; rows at the cutoff time go to test). The
+rows' hashes of a fit pass are kept for the write pass (`flowrec.data.kept_hashes`). Encoding with an existing encoder
 whose tables reserve spare rows (``vocab_spare``) first finds the unseen values and gives them
 those rows (`flowrec.data.vocab_growth`); the dataset records the extended encoder. Labels are checked
 for their heads (`flowrec.data.labels`: binary 0/1, libsvm's -1/+1 mapped and counted). The
@@ -40,6 +41,7 @@ from flowrec.data.encoder_record import record_of_encoder
 from flowrec.data.close_names import close_name
 from flowrec.data.error_log import ErrorLog, ErrorPolicy
 from flowrec.data.id_forms import IdForms
+from flowrec.data.kept_hashes import KeptHashes
 from flowrec.data.labels import (PLUS_MINUS_FORMATS, check_labels, label_features, label_spaces, label_tasks,
                                  text_label_line)
 from flowrec.data.layout import (VOCAB_DIR, DataError, DatasetMeta, data_hash, encoded_rows, encoding_mode, is_multi,
@@ -294,9 +296,9 @@ def convert(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_error: 
     if encoder is not None:
         _check_vocabularies(spec, encoder)
     unread = [line for path in inputs if fmt == "parquet" for line in unread_lines(path)]  # a job still writing
-    with staged_output(Path(out), overwrite, inputs, status) as tmp:
+    with staged_output(Path(out), overwrite, inputs, status) as tmp, KeptHashes(tmp) as kept:
         report = _convert_into(spec, fmt, inputs, tmp, on_error, options or {}, rows_per_file, progress,
-                               encoder, grow, split_rule)
+                               encoder, grow, kept, split_rule)
         _check_rows(report, inputs, fmt)
     return replace(report, out=str(out), seconds=time.perf_counter() - started, warnings=(*unread, *report.warnings))
 
@@ -304,7 +306,7 @@ def convert(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_error: 
 def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_error: ErrorPolicy,
                   options: dict[str, Any], rows_per_file: int,
                   progress: Callable[[int], None] | None, given: Encoder | None, grow: bool,
-                  split_rule: int = SPLIT_RULE) -> ConvertReport:
+                  kept: KeptHashes, split_rule: int = SPLIT_RULE) -> ConvertReport:
     read = reader(fmt)
     opts = dict(spec.data.options) if spec.data is not None else {}
     opts.update(options)
@@ -367,12 +369,14 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
     cutoff = _time_cutoff((c for _, c in chunks(on_error)), split_by, fraction, text_times) \
         if split_by and fraction else None
 
+    by_hash = bool(fraction) and cutoff is None and split_rule == SPLIT_RULE  # rule 3
+
     def test_rows(chunk: pa.Table, index: int, hashes: np.ndarray | None = None) -> np.ndarray | None:
         """The test side of a chunk whose first row is row `index` (None: no split), `hashes` its rows'
         (`row_hashes`, made here where not given). Rows are counted before the rows the encoder
         cannot encode are dropped (`encodable_rows`: that depends on the fitted encoder), so the fit
         pass and the write pass number them alike."""
-        if fraction and cutoff is None and split_rule == SPLIT_RULE:
+        if by_hash:
             return split_by_hash(row_hashes(chunk) if hashes is None else hashes, fraction, seed)
         if fraction:
             return (split_mask(index, chunk.num_rows, fraction, seed) if cutoff is None
@@ -385,13 +389,18 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
         """The raw rows that the write pass puts in train/ (all of them without a split): the
         encoder is fitted (or grown) on them alone, never on the held-out test rows."""
         for _, chunk in chunks(on_error):
-            test = test_rows(chunk, counted["rows"])
+            hashes = None
+            if by_hash:  # hashed once: kept for the write pass
+                hashes = row_hashes(chunk)
+                kept.put(hashes)
+            test = test_rows(chunk, counted["rows"], hashes)
             counted["rows"] += chunk.num_rows
             if test is not None:
                 chunk = chunk.filter(pa.array(~test))
             counted["train"] += chunk.num_rows
             if chunk.num_rows:
                 yield chunk
+        kept.done()
 
     split = bool(fraction or last_out)
     if given is not None and grow:
@@ -417,7 +426,8 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
     empty = EmptyColumns(spec, columns)  # feature columns of an input that hold no value in any row written
     copies = Duplicates()  # rows that are exact copies of an earlier row (a file joined to itself?), warned of
     for log, chunk in chunks(on_error):
-        hashes = row_hashes(chunk)
+        hashes = kept.take(chunk.num_rows) if by_hash else None  # the fit pass's, where it hashed them
+        hashes = row_hashes(chunk) if hashes is None else hashes
         copies.observe(log.path or "", hashes, chunk.column(LINE_COLUMN).to_numpy())
         test = test_rows(chunk, index, hashes)
         index += chunk.num_rows
