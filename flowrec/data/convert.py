@@ -424,7 +424,7 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
     unseen = UnseenIds(given) if given is not None else None  # ids the run's vocabulary holds in another form
     forms = IdForms()  # how the rows write the ids of hashed and managed tables, recorded with the encoder
     empty = EmptyColumns(spec, columns)  # feature columns of an input that hold no value in any row written
-    copies = Duplicates()  # rows that are exact copies of an earlier row (a file joined to itself?), warned of
+    copies = Duplicates()  # rows that repeat an earlier row in every column, kept and said in one line
     for log, chunk in chunks(on_error):
         hashes = kept.take(chunk.num_rows) if by_hash else None  # the fit pass's, where it hashed them
         hashes = row_hashes(chunk) if hashes is None else hashes
