@@ -52,6 +52,7 @@ from flowrec.data.raw_ids import check_float_ids, check_ids
 from flowrec.data.rawstats import RawStats
 from flowrec.data.sequences import TEST_COLUMN, split_option
 from flowrec.data.separators import DEFAULT_SEQUENCE_SEP, check_sequence_separators, header_separator
+from flowrec.data.split_share import empty_side_error, far_from, share_line
 from flowrec.data.sources import FORMAT_ALIASES, LINE_COLUMN, TextColumn, feature_map_of, reader
 from flowrec.data.vocab_growth import TableGrowth, grow_encoder
 from flowrec.spec.model import ModelSpec
@@ -416,7 +417,7 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
     if split and counted["rows"] and not counted["train"]:  # every row held out: nothing to fit on or train on
         if cutoff is not None:
             raise DataError(_after_cutoff(inputs, split_by, cutoff, fraction))
-        raise DataError(_empty_side(inputs, "train"))
+        raise DataError(_empty_side(inputs, "train", fraction, _copies_of(kept) if by_hash else None))
     writers = {"": PartWriter(out, rows_per_file)} if not split else {
         "train": PartWriter(out / "train", rows_per_file), "test": PartWriter(out / "test", rows_per_file)}
     seen = index = 0
@@ -457,6 +458,10 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
         for w in writers.values():
             w.close()
         raise DataError(_after_cutoff(inputs, split_by, cutoff, fraction))
+    if by_hash and seen and not (writers["train"].rows and writers["test"].rows):  # copies may leave a side empty
+        for w in writers.values():
+            w.close()
+        raise DataError(_empty_side(inputs, "test" if writers["train"].rows else "train", fraction, copies))
     for name, w in writers.items():
         w.close()
         record = {"test_fraction": fraction, "part": name}
@@ -469,13 +474,16 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
         _finish(spec, encoder, w, fmt, inputs, record if split else {}, opts.get("feature_map"), forms.record())
         stats[name].write(w.out)
     examples = tuple(str(e) for log in logs for e in log.examples)
-    copied = copies.line("row" if fmt == "parquet" else "line",
-                         split=bool(fraction) and cutoff is None and split_rule == SPLIT_RULE)
+    copied = copies.line("row" if fmt == "parquet" else "line", split=by_hash)
+    uneven = None  # a test share far from test_fraction: few distinct rows, each a unit of the split
+    if by_hash and copies.count()[0] and far_from(writers["test"].rows, seen, fraction):
+        count, estimate = copies.count()
+        uneven = share_line(inputs, writers["train"].rows, writers["test"].rows, fraction, copies.rows - count, estimate)
     return ConvertReport(str(out), seen, sum(w.files for w in writers.values()),
                          sum(log.count for log in logs), examples, 0.0,
                          {k: w.rows for k, w in writers.items() if k}, mapped[0], growth,
                          (*label_features(spec, columns), *overflow, *(unseen.lines() if unseen is not None else ()),
-                          *empty.lines(), *([copied] if copied else ())))
+                          *empty.lines(), *([copied] if copied else ()), *([uneven] if uneven else ())))
 
 
 def _after_cutoff(inputs: list[Path], split_by: str, cutoff: float | str, fraction: float) -> str:
@@ -487,10 +495,22 @@ def _after_cutoff(inputs: list[Path], split_by: str, cutoff: float | str, fracti
             f"split_by out to split by test_fraction alone, or convert rows of more times")
 
 
-def _empty_side(inputs: list[Path], side: str) -> str:
-    """The error of a split that put no row in `side` (train or test)."""
+def _empty_side(inputs: list[Path], side: str, fraction: float = 0.0, copies: Duplicates | None = None) -> str:
+    """The error of a split that put no row in `side` (train or test); `copies`: the rows' copies, for a
+    split by row values (rule 3), whose few distinct rows may have left it empty (`flowrec.data.split_share`)."""
+    count, estimate = copies.count() if copies is not None else (0, False)
+    if count:
+        return empty_side_error(inputs, side, copies.rows, fraction, copies.rows - count, estimate)
     return (f"no rows converted from {', '.join(str(p) for p in inputs)} into the {side} split: change "
             "test_fraction or split_seed, or convert more rows")
+
+
+def _copies_of(kept: KeptHashes) -> Duplicates:
+    """The copies among a complete fit pass's kept hashes (its rows' places aside)."""
+    copies = Duplicates()
+    for hashes in kept.replay():
+        copies.observe("", hashes, np.zeros(len(hashes), np.int64))
+    return copies
 
 
 def _label_text_said(chunks: Iterator[pa.Table], tasks: dict[str, str]) -> Iterator[pa.Table]:

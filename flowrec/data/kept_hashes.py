@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
@@ -60,6 +61,13 @@ class KeptHashes:
             self.complete = False
             return None
         return np.frombuffer(data, np.uint64)
+
+    def replay(self) -> Iterator[np.ndarray]:
+        """Every kept chunk's hashes again, from the first (the pass done; for an error's counts, before
+        any `take`).  # (rows,) uint64 each"""
+        self._file.seek(0)
+        for rows in self._sizes:
+            yield np.frombuffer(self._file.read(rows * ROW_BYTES), np.uint64)
 
     def close(self) -> None:
         self._file.close()

@@ -1,15 +1,18 @@
 """The seeded split by row hashes (rule 3) over a conversion's two passes: each row is hashed once
 (the fit pass's hashes are kept for the write pass, `flowrec.data.kept_hashes`), with the same split
-and the same copies' line as hashing every row again."""
+and the same copies' line as hashing every row again; an input of few distinct rows says how far
+its test share landed from test_fraction, or why a side is empty (`flowrec.data.split_share`)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
+import pytest
 from flowrec.data import convert as convert_module
 from flowrec.data.convert import convert
 from flowrec.data.kept_hashes import KeptHashes
+from flowrec.data.layout import DataError
 from flowrec.spec import spec_from_dict
 
 
@@ -89,3 +92,58 @@ def test_a_split_without_a_fit_pass_hashes_in_its_write_pass(tmp_path: Path):
     raw.write_text("item,label\n" + "".join(f"i{rng.zipf(1.3)},{int(rng.random() < 0.2)}\n" for _ in range(rows)))
     report = convert(spec, "csv", [raw], tmp_path / "out")
     assert report.split["train"] + report.split["test"] == rows and min(report.split.values()) > 0
+
+
+@pytest.mark.parametrize("table", [{"vocab": 50}, {"hash_buckets": 97}])  # with a fit pass, and without
+def test_few_distinct_rows_say_their_test_share_or_refuse_an_empty_side(tmp_path: Path, table: dict):
+    """3 distinct rows repeated 1,000 times put 0, 1/3, 2/3 or all of the rows in test whatever the
+    test_fraction, without a word (an empty side was 'change test_fraction or split_seed, or convert
+    more rows'). A share far from the fraction is one line with both and the distinct rows; an empty
+    side is an error naming the distinct rows and rule 3, and nothing is written."""
+    rng = np.random.default_rng()
+    distinct = int(rng.integers(3, 5))
+    counts = rng.integers(200, 900, distinct)
+    rows = [f"u{rng.integers(0, 10**6)},{int(rng.random() < 0.3)}" for _ in range(distinct)]
+    lines = [rows[k] for k in rng.permutation(np.repeat(np.arange(distinct), counts))]
+    raw = tmp_path / "few.csv"
+    raw.write_text("user,label\n" + "\n".join(lines) + "\n")
+    spec = spec_from_dict({
+        "name": "few", "features": [{"name": "user", "type": "categorical", "dim": 4, **table}],
+        "modules": [{"name": "m", "kind": "mlp", "inputs": ["@sparse"], "layers": [4]}],
+        "heads": [{"name": "h", "input": "m"}], "data": {"format": "csv", "path": "x", "options": {}},
+        "optimizer": {"dense": {"name": "adam", "lr": 0.01}, "sparse": {"name": "sgd", "lr": 0.1}}})
+    fraction = float(rng.choice([0.1, 0.2, 0.7]))
+    said = {"line": 0, "test": 0, "train": 0}
+    for seed in range(50):
+        out = tmp_path / f"out{seed}"
+        try:
+            report = convert(spec, "csv", [raw], out, options={"test_fraction": fraction, "split_seed": seed})
+        except DataError as exc:
+            side = "test" if "into the test split" in str(exc) else "train"
+            assert f"its {len(lines):,} rows hold {distinct} distinct rows" in str(exc) and "(rule 3)" in str(exc)
+            assert ("none was drawn for test" if side == "test" else "every one was drawn for test") in str(exc)
+            assert not out.exists()
+            said[side] += 1
+            continue
+        test, total = report.split["test"], len(lines)
+        line = [w for w in report.warnings if "the split put" in w]
+        off = abs(test / total - fraction)
+        assert not line or off > 0.25 * fraction, line  # said only where far
+        if off > 0.25 * fraction and off > 4 * (fraction * (1 - fraction) / total) ** 0.5:  # farther than chance
+            assert len(line) == 1 and f"put {test:,} of the {total:,} rows ({test / total:.1%}) in test" in line[0]
+            assert f"test_fraction {fraction:g}" in line[0] and f"hold {distinct} distinct rows" in line[0]
+            said["line"] += 1
+    assert said["line"] and said["test"] + said["train"], said
+
+
+def test_a_split_of_distinct_rows_says_nothing_of_its_share(tmp_path: Path):
+    """Rows each of their own: a small input's share strays by chance alone, not by copies: no line."""
+    rng = np.random.default_rng()
+    spec = _spec()
+    for seed in range(5):
+        raw = tmp_path / f"r{seed}.csv"
+        n = int(rng.integers(20, 60))
+        raw.write_text("user,item,price,label\n" + "".join(f"u{r},i{rng.zipf(1.3)},{rng.lognormal():.3f},{r % 2}\n"
+                                                           for r in range(n)))
+        report = convert(spec, "csv", [raw], tmp_path / f"o{seed}", options={"test_fraction": 0.3, "split_seed": seed})
+        assert not [w for w in report.warnings if "the split put" in w or "earlier row" in w], report.warnings
