@@ -1,0 +1,53 @@
+"""Hostile files given to `flowrec data convert` (a line of gigabytes, ...): one line naming the
+problem, in bounded memory, nothing written."""
+from __future__ import annotations
+
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from flowrec.data.convert import convert
+from flowrec.data.layout import DataError
+from flowrec.data.sources import LINE_LIMIT
+from flowrec.spec import spec_from_dict
+
+
+def _spec(**options):
+    return spec_from_dict({
+        "name": "hostile",
+        "features": [{"name": "user", "type": "categorical", "vocab": 100, "dim": 4},
+                     {"name": "price", "type": "dense", "transform": "standardize"}],
+        "modules": [{"name": "m", "kind": "mlp", "inputs": ["@sparse", "@dense"], "layers": [4]}],
+        "heads": [{"name": "h", "input": "m"}],
+        "data": {"format": "csv", "path": "x", "options": options},
+        "optimizer": {"dense": {"name": "adam", "lr": 0.01}, "sparse": {"name": "sgd", "lr": 0.1}}})
+
+
+def _rows(rng: np.random.Generator, n: int) -> list[str]:
+    return [f"u{rng.zipf(1.5) % 80},{rng.lognormal(1, 1):.3f},{int(rng.random() < 0.2)}" for _ in range(n)]
+
+
+def test_a_line_of_many_blocks_is_refused_without_holding_it(tmp_path: Path):
+    """A line of 2.2 GB took 50 s and 5 GB of memory to be refused ('runs on past 16,777,216 bytes'):
+    the lookup of its line number read it whole (and copied it). The line is refused holding at most
+    about one reader's block of it."""
+    rng = np.random.default_rng()
+    rows = _rows(rng, int(rng.integers(20, 60)))
+    at = int(rng.integers(1, len(rows)))
+    long = 6 * LINE_LIMIT + int(rng.integers(1, 1000))
+    raw = tmp_path / "long.csv"
+    with raw.open("w") as f:
+        f.write("user,price,label\n" + "\n".join(rows[:at]) + "\nu1,")
+        f.write("9" * long)
+        f.write(",0\n" + "\n".join(rows[at:]) + "\n")
+    tracemalloc.start()
+    try:
+        with pytest.raises(DataError, match=f"long.csv:{at + 2}: the line runs on past {LINE_LIMIT:,} bytes"):
+            convert(_spec(), "csv", [raw], tmp_path / "out")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 3 * LINE_LIMIT, peak  # the whole line (and its copy) was 12 blocks
+    assert not (tmp_path / "out").exists()
