@@ -75,6 +75,8 @@ SPLIT_RULES = (INDEX_SPLIT_RULE, SPLIT_RULE)
 # 2026-12-06: its train rows alone ("given": it encoded with a given encoder, fitted elsewhere, any
 # spare rows grown on the train rows); a record that names none was fitted on every row, test rows included
 FIT_ON = "train"
+LAST_OUT_NEEDS = ("data option split: leave_last_out needs per-user sequences (format movielens with data option "
+                  "sequence: {max_len: L})")
 
 
 @dataclass(frozen=True)
@@ -314,6 +316,8 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
     if FORMAT_ALIASES.get(fmt, fmt) == "libsvm" and opts.get("feature_map"):
         opts["feature_map"] = feature_map_of(opts)  # read once; the encoder records it (predict reads it there)
     last_out = split_option(opts) == "leave_last_out"
+    if last_out and FORMAT_ALIASES.get(fmt, fmt) != "movielens":  # a column of another input named TEST_COLUMN
+        raise DataError(LAST_OUT_NEEDS)  # was taken for the marker: its values' truth split the rows, without a word
     columns = dict(spec.data.columns) if spec.data is not None else {}
     for label in unique_labels(spec):
         if label not in columns and fmt in FORMAT_LABEL and label == "label":
@@ -531,8 +535,7 @@ def _label_text_said(chunks: Iterator[pa.Table], tasks: dict[str, str]) -> Itera
 def _last_rows(chunk: pa.Table) -> np.ndarray:
     """Leave-last-out: the reader's marker of each user's last example."""
     if TEST_COLUMN not in chunk.column_names:
-        raise DataError("data option split: leave_last_out needs per-user sequences (format movielens with "
-                        "data option sequence: {max_len: L})")
+        raise DataError(LAST_OUT_NEEDS)
     return chunk.column(TEST_COLUMN).to_numpy(zero_copy_only=False).astype(bool)
 
 

@@ -51,3 +51,26 @@ def test_a_line_of_many_blocks_is_refused_without_holding_it(tmp_path: Path):
         tracemalloc.stop()
     assert peak < 3 * LINE_LIMIT, peak  # the whole line (and its copy) was 12 blocks
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_a_column_named_like_the_leave_last_out_marker_is_not_taken_for_it(tmp_path: Path, fmt: str):
+    """split: leave_last_out marks each user's last MovieLens rating in a column `__test__`; a CSV or
+    Parquet input with a column of that name split its rows by the truth of its values (any text
+    but '' went to test) without a word. Only MovieLens sequences take the option, in one line."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng()
+    n = int(rng.integers(100, 300))
+    table = pa.table({"user": [f"u{v % 50}" for v in rng.zipf(1.4, n)], "price": rng.lognormal(1, 1, n),
+                      "label": (rng.random(n) < 0.2).astype(np.int64),
+                      "__test__": rng.choice(["yes", "no", "", "later"], n)})
+    raw = tmp_path / f"rows.{fmt}"
+    if fmt == "csv":
+        raw.write_text(table.to_pandas().to_csv(index=False))
+    else:
+        pq.write_table(table, raw)
+    with pytest.raises(DataError, match="leave_last_out needs per-user sequences"):
+        convert(_spec(split="leave_last_out"), fmt, [raw], tmp_path / "out")
+    assert not (tmp_path / "out").exists()
