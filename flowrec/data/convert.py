@@ -421,7 +421,7 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
     if split and counted["rows"] and not counted["train"]:  # every row held out: nothing to fit on or train on
         if cutoff is not None:
             raise DataError(_after_cutoff(inputs, split_by, cutoff, fraction))
-        raise DataError(_empty_side(inputs, "train", fraction, _copies_of(kept) if by_hash else None))
+        raise DataError(_empty_side(inputs, "train", fraction, _copies_of(kept) if by_hash else None, counted["rows"]))
     writers = {"": PartWriter(out, rows_per_file)} if not split else {
         "train": PartWriter(out / "train", rows_per_file), "test": PartWriter(out / "test", rows_per_file)}
     seen = index = 0
@@ -465,7 +465,7 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
     if by_hash and seen and not (writers["train"].rows and writers["test"].rows):  # copies may leave a side empty
         for w in writers.values():
             w.close()
-        raise DataError(_empty_side(inputs, "test" if writers["train"].rows else "train", fraction, copies))
+        raise DataError(_empty_side(inputs, "test" if writers["train"].rows else "train", fraction, copies, seen))
     for name, w in writers.items():
         w.close()
         record = {"test_fraction": fraction, "part": name}
@@ -499,13 +499,28 @@ def _after_cutoff(inputs: list[Path], split_by: str, cutoff: float | str, fracti
             f"split_by out to split by test_fraction alone, or convert rows of more times")
 
 
-def _empty_side(inputs: list[Path], side: str, fraction: float = 0.0, copies: Duplicates | None = None) -> str:
+def _empty_side(inputs: list[Path], side: str, fraction: float = 0.0, copies: Duplicates | None = None,
+                rows: int = 0) -> str:
     """The error of a split that put no row in `side` (train or test); `copies`: the rows' copies, for a
-    split by row values (rule 3), whose few distinct rows may have left it empty (`flowrec.data.split_share`)."""
+    split by row values (rule 3), whose few distinct rows may have left it empty (`flowrec.data.split_share`);
+    `rows`: the rows split, of which a `fraction` so small it draws less than one row on average is said so.
+
+    >>> _empty_side([Path("a.csv")], "test", 1e-9, None, 400)
+    'no rows converted from a.csv into the test split: test_fraction 1e-09 of its 400 rows is 4e-07 rows on average; give test_fraction at least 0.0025 (one row in 400), or convert more rows'
+    """
+    names = ", ".join(str(p) for p in inputs)
+    if rows and side == "test" and fraction * rows < 1:
+        return (f"no rows converted from {names} into the test split: test_fraction {fraction:g} of its {rows:,} rows "
+                f"is {fraction * rows:.2g} rows on average; give test_fraction at least {1 / rows:.2g} (one row in "
+                f"{rows:,}), or convert more rows")
+    if rows and side == "train" and (1 - fraction) * rows < 1:
+        return (f"no rows converted from {names} into the train split: test_fraction {fraction:g} leaves "
+                f"{(1 - fraction) * rows:.2g} of its {rows:,} rows for train on average; give test_fraction at most "
+                f"{1 - 1 / rows:.6g}, or convert more rows")
     count, estimate = copies.count() if copies is not None else (0, False)
     if count:
         return empty_side_error(inputs, side, copies.rows, fraction, copies.rows - count, estimate)
-    return (f"no rows converted from {', '.join(str(p) for p in inputs)} into the {side} split: change "
+    return (f"no rows converted from {names} into the {side} split: change "
             "test_fraction or split_seed, or convert more rows")
 
 

@@ -74,3 +74,21 @@ def test_a_column_named_like_the_leave_last_out_marker_is_not_taken_for_it(tmp_p
     with pytest.raises(DataError, match="leave_last_out needs per-user sequences"):
         convert(_spec(split="leave_last_out"), fmt, [raw], tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("fraction, side", [(1e-9, "test"), (1 - 1e-9, "train")])
+def test_a_test_fraction_that_draws_no_row_on_average_says_so(tmp_path: Path, fraction: float, side: str):
+    """--test-fraction 1e-9 of 400 rows was 'change test_fraction or split_seed, or convert more rows':
+    no seed helps a fraction that draws 4e-07 rows. The line gives the rows drawn on average and the
+    least (or most) test_fraction that draws one."""
+    rng = np.random.default_rng()
+    n = int(rng.integers(100, 900))
+    raw = tmp_path / "rows.csv"
+    raw.write_text("user,price,label,rid\n" + "\n".join(f"{row},{r}" for r, row in enumerate(_rows(rng, n))) + "\n")
+    with pytest.raises(DataError) as caught:
+        convert(_spec(test_fraction=fraction), "csv", [raw], tmp_path / "out")
+    said = str(caught.value)
+    assert f"into the {side} split" in said and f"of its {n:,} rows" in said, said
+    bound = f"at least {1 / n:.2g}" if side == "test" else f"at most {1 - 1 / n:.6g}"
+    assert f"give test_fraction {bound}" in said and "split_seed" not in said, said
+    assert not (tmp_path / "out").exists()
