@@ -47,7 +47,7 @@ from flowrec.data.labels import (PLUS_MINUS_FORMATS, check_labels, label_feature
 from flowrec.data.layout import (VOCAB_DIR, DataError, DatasetMeta, data_hash, encoded_rows, encoding_mode, is_multi,
                                  unique_labels, write_meta)
 from flowrec.data.output import staged_output
-from flowrec.data.parquet_folder import skipped_note, unread_lines
+from flowrec.data.parquet_folder import listed_files, skipped_note, unread_lines
 from flowrec.data.raw_ids import check_float_ids, check_ids
 from flowrec.data.rawstats import RawStats
 from flowrec.data.sequences import TEST_COLUMN, split_option
@@ -640,6 +640,10 @@ def _check_rows(report: ConvertReport, inputs: list[Path], fmt: str) -> None:
         skipped = [note for p in inputs if fmt == "parquet" and (note := skipped_note(p))]
         if skipped:
             raise DataError(f"no rows converted from {names}: {'; '.join(skipped)}")
+        bare = [p for p in inputs if fmt == "parquet" and p.is_dir() and not listed_files(p)[0]]
+        if bare:  # was "it holds no data rows for format parquet (empty, header only, or another format)"
+            raise DataError(f"no rows converted from {names}: {bare[0]} is a folder without files to read (a Parquet "
+                            "folder holds part files: give the folder they are in, or a file)")
         raise DataError(f"no rows converted from {names}: it holds no data rows for format {fmt} "
                         "(empty, header only, or another format)")
     for side, rows in report.split.items():

@@ -92,3 +92,19 @@ def test_a_test_fraction_that_draws_no_row_on_average_says_so(tmp_path: Path, fr
     bound = f"at least {1 / n:.2g}" if side == "test" else f"at most {1 - 1 / n:.6g}"
     assert f"give test_fraction {bound}" in said and "split_seed" not in said, said
     assert not (tmp_path / "out").exists()
+
+
+def test_a_parquet_folder_without_files_is_said_so(tmp_path: Path):
+    """An empty folder (or one of markers and empty subfolders only) given as a Parquet input was
+    'it holds no data rows for format parquet (empty, header only, or another format)'."""
+    rng = np.random.default_rng()
+    folder = tmp_path / "parts"
+    for k in range(int(rng.integers(0, 3))):
+        (folder / f"day={k}").mkdir(parents=True)
+    folder.mkdir(exist_ok=True)
+    (folder / "_SUCCESS").write_text("")
+    with pytest.raises(DataError) as caught:
+        convert(_spec(), "parquet", [folder], tmp_path / "out")
+    said = str(caught.value)
+    assert f"{folder} is a folder without files to read" in said and "header only" not in said, said
+    assert not (tmp_path / "out").exists()
