@@ -527,8 +527,9 @@ def bounded_lines(fh: Any, path: Path, before: int = 0, limit: int = LINE_LIMIT)
         number += 1
         if len(line) > limit and line[-1:] not in (b"\n", "\n"):
             size = f"{limit >> 20} MiB" if limit >= 1 << 20 else f"{limit} bytes"
-            raise DataError(f"{path}: line {number} is longer than {size} (no line break in it: not a text file "
-                            "of rows?)")
+            ended = b"\r" if isinstance(line, bytes) else "\r"  # lines ended by \r alone (classic Mac OS)
+            why = "lines ended by \\r alone? write them with \\n" if ended in line else "not a text file of rows?"
+            raise DataError(f"{path}: line {number} is longer than {size} (no line break in it: {why})")
         yield line
 
 
@@ -947,6 +948,10 @@ def _libsvm_line(raw: bytes, lineno: int, fields: list[str], fmap: dict[str, str
         return None
     text = text.split("#", 1)[0].strip()  # svmlight's comments (a line of its own, or after a row's tokens)
     if not text:
+        return None
+    if "\r" in text:  # rows split at whitespace read the next rows' labels as tokens ("token '1' is not idx:val")
+        log.add(lineno, "lines ended by a carriage return alone (\\r, as classic Mac OS wrote them): write the file "
+                        "with \\n line breaks (tr '\\r' '\\n')", text, skippable=False)
         return None
     tokens = text.split()
     try:

@@ -108,3 +108,32 @@ def test_a_parquet_folder_without_files_is_said_so(tmp_path: Path):
     said = str(caught.value)
     assert f"{folder} is a folder without files to read" in said and "header only" not in said, said
     assert not (tmp_path / "out").exists()
+
+
+def test_libsvm_lines_ended_by_a_carriage_return_alone_are_said_so(tmp_path: Path):
+    """A libsvm file whose lines end with \\r alone (the CSV formats read them) was one row: "token '1' is
+    not idx:val" (the next row's label), or, past a block, "not a text file of rows?"."""
+    import io
+
+    from flowrec.data.sources import bounded_lines
+
+    rng = np.random.default_rng()
+    rows = [f"{rng.choice(['-1', '1'])} {rng.zipf(1.3) % 500}:1 {500 + rng.integers(0, 80)}:1"
+            for _ in range(int(rng.integers(20, 200)))]
+    raw = tmp_path / "mac.svm"
+    raw.write_bytes("\r".join(rows).encode() + b"\r")
+    spec = spec_from_dict({
+        "name": "svm", "features": [{"name": "user", "type": "categorical", "hash_buckets": 97, "dim": 4},
+                                    {"name": "item", "type": "categorical", "hash_buckets": 97, "dim": 4}],
+        "modules": [{"name": "m", "kind": "mlp", "inputs": ["@sparse"], "layers": [4]}],
+        "heads": [{"name": "h", "input": "m"}],
+        "data": {"format": "libsvm", "path": "x", "options": {"fields": ["user", "item"]}},
+        "optimizer": {"dense": {"name": "adam", "lr": 0.01}, "sparse": {"name": "sgd", "lr": 0.1}}})
+    for policy in ("fail", "skip"):
+        with pytest.raises(DataError, match=r"mac.svm:1: lines ended by a carriage return alone"):
+            convert(spec, "libsvm", [raw], tmp_path / "out", on_error=policy)
+    assert not (tmp_path / "out").exists()
+    (tmp_path / "unix.svm").write_bytes(raw.read_bytes().replace(b"\r", b"\n"))  # as the line says
+    assert convert(spec, "libsvm", [tmp_path / "unix.svm"], tmp_path / "out").rows == len(rows)
+    with pytest.raises(DataError, match=r"line 1 is longer than 16 bytes \(no line break in it: lines ended by \\r"):
+        list(bounded_lines(io.BytesIO(raw.read_bytes()), raw, limit=16))
