@@ -62,6 +62,9 @@ FILES: dict[str, frozenset[str]] = {
     "tests/unit/test_annotation_names.py": FAST,  # names in the CLI's annotations bound (TYPE_CHECKING imports)
     "tests/unit/test_id_forms.py": FAST,  # ids of hashed and managed tables in another form than at training
     "tests/unit/test_data_duplicates.py": FAST,  # exact duplicate rows named; the seeded split keeps copies on one side
+    "tests/unit/test_split_hashes.py": FAST,  # the seeded split hashes each row once over the fit and write passes
+    "tests/unit/test_split_resume.py": frozenset({"e2e"}),  # a run of before rule 3 resumed without its data: same rows
+    "tests/unit/test_convert_hostile.py": FAST,  # hostile files given to data convert: bounded memory, one line
     "tests/unit/test_sources_hostile.py": FAST,  # raw readers given hostile forms of real inputs
     "tests/unit/test_sources_scoring.py": FAST,  # predict reads only the package's columns, in every format that can
     "tests/unit/test_serving_hostile.py": frozenset({"e2e"}),

@@ -9,7 +9,8 @@ statistics too (recorded as ``fit_on: train`` in the split record). With
 values: rule 3, so a row's exact copies land on its side, `flowrec.data.duplicates`; by row index
 for a run of before it, rule 2; either way not by chunking) into ``train/`` and ``test/`` datasets; with
 ``split_by: <timestamp column>`` the newest ``test_fraction`` of the rows are the test set (a first
-pass reads the column, numbers or text times ordered as text; rows at the cutoff time go to test). Encoding with an existing encoder
+pass reads the column, numbers or text times ordered as text; rows at the cutoff time go to test). The
+rows' hashes of a fit pass are kept for the write pass (`flowrec.data.kept_hashes`). Encoding with an existing encoder
 whose tables reserve spare rows (``vocab_spare``) first finds the unseen values and gives them
 those rows (`flowrec.data.vocab_growth`); the dataset records the extended encoder. Labels are checked
 for their heads (`flowrec.data.labels`: binary 0/1, libsvm's -1/+1 mapped and counted). The
@@ -40,16 +41,18 @@ from flowrec.data.encoder_record import record_of_encoder
 from flowrec.data.close_names import close_name
 from flowrec.data.error_log import ErrorLog, ErrorPolicy
 from flowrec.data.id_forms import IdForms
+from flowrec.data.kept_hashes import KeptHashes
 from flowrec.data.labels import (PLUS_MINUS_FORMATS, check_labels, label_features, label_spaces, label_tasks,
                                  text_label_line)
 from flowrec.data.layout import (VOCAB_DIR, DataError, DatasetMeta, data_hash, encoded_rows, encoding_mode, is_multi,
                                  unique_labels, write_meta)
 from flowrec.data.output import staged_output
-from flowrec.data.parquet_folder import skipped_note, unread_lines
+from flowrec.data.parquet_folder import listed_files, skipped_note, unread_lines
 from flowrec.data.raw_ids import check_float_ids, check_ids
 from flowrec.data.rawstats import RawStats
 from flowrec.data.sequences import TEST_COLUMN, split_option
 from flowrec.data.separators import DEFAULT_SEQUENCE_SEP, check_sequence_separators, header_separator
+from flowrec.data.split_share import empty_side_error, far_from, share_line
 from flowrec.data.sources import FORMAT_ALIASES, LINE_COLUMN, TextColumn, feature_map_of, reader
 from flowrec.data.vocab_growth import TableGrowth, grow_encoder
 from flowrec.spec.model import ModelSpec
@@ -72,6 +75,8 @@ SPLIT_RULES = (INDEX_SPLIT_RULE, SPLIT_RULE)
 # 2026-12-06: its train rows alone ("given": it encoded with a given encoder, fitted elsewhere, any
 # spare rows grown on the train rows); a record that names none was fitted on every row, test rows included
 FIT_ON = "train"
+LAST_OUT_NEEDS = ("data option split: leave_last_out needs per-user sequences (format movielens with data option "
+                  "sequence: {max_len: L})")
 
 
 @dataclass(frozen=True)
@@ -294,9 +299,9 @@ def convert(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_error: 
     if encoder is not None:
         _check_vocabularies(spec, encoder)
     unread = [line for path in inputs if fmt == "parquet" for line in unread_lines(path)]  # a job still writing
-    with staged_output(Path(out), overwrite, inputs, status) as tmp:
+    with staged_output(Path(out), overwrite, inputs, status) as tmp, KeptHashes(tmp) as kept:
         report = _convert_into(spec, fmt, inputs, tmp, on_error, options or {}, rows_per_file, progress,
-                               encoder, grow, split_rule)
+                               encoder, grow, kept, split_rule)
         _check_rows(report, inputs, fmt)
     return replace(report, out=str(out), seconds=time.perf_counter() - started, warnings=(*unread, *report.warnings))
 
@@ -304,13 +309,15 @@ def convert(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_error: 
 def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_error: ErrorPolicy,
                   options: dict[str, Any], rows_per_file: int,
                   progress: Callable[[int], None] | None, given: Encoder | None, grow: bool,
-                  split_rule: int = SPLIT_RULE) -> ConvertReport:
+                  kept: KeptHashes, split_rule: int = SPLIT_RULE) -> ConvertReport:
     read = reader(fmt)
     opts = dict(spec.data.options) if spec.data is not None else {}
     opts.update(options)
     if FORMAT_ALIASES.get(fmt, fmt) == "libsvm" and opts.get("feature_map"):
         opts["feature_map"] = feature_map_of(opts)  # read once; the encoder records it (predict reads it there)
     last_out = split_option(opts) == "leave_last_out"
+    if last_out and FORMAT_ALIASES.get(fmt, fmt) != "movielens":  # a column of another input named TEST_COLUMN
+        raise DataError(LAST_OUT_NEEDS)  # was taken for the marker: its values' truth split the rows, without a word
     columns = dict(spec.data.columns) if spec.data is not None else {}
     for label in unique_labels(spec):
         if label not in columns and fmt in FORMAT_LABEL and label == "label":
@@ -367,12 +374,14 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
     cutoff = _time_cutoff((c for _, c in chunks(on_error)), split_by, fraction, text_times) \
         if split_by and fraction else None
 
+    by_hash = bool(fraction) and cutoff is None and split_rule == SPLIT_RULE  # rule 3
+
     def test_rows(chunk: pa.Table, index: int, hashes: np.ndarray | None = None) -> np.ndarray | None:
         """The test side of a chunk whose first row is row `index` (None: no split), `hashes` its rows'
         (`row_hashes`, made here where not given). Rows are counted before the rows the encoder
         cannot encode are dropped (`encodable_rows`: that depends on the fitted encoder), so the fit
         pass and the write pass number them alike."""
-        if fraction and cutoff is None and split_rule == SPLIT_RULE:
+        if by_hash:
             return split_by_hash(row_hashes(chunk) if hashes is None else hashes, fraction, seed)
         if fraction:
             return (split_mask(index, chunk.num_rows, fraction, seed) if cutoff is None
@@ -385,13 +394,18 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
         """The raw rows that the write pass puts in train/ (all of them without a split): the
         encoder is fitted (or grown) on them alone, never on the held-out test rows."""
         for _, chunk in chunks(on_error):
-            test = test_rows(chunk, counted["rows"])
+            hashes = None
+            if by_hash:  # hashed once: kept for the write pass
+                hashes = row_hashes(chunk)
+                kept.put(hashes)
+            test = test_rows(chunk, counted["rows"], hashes)
             counted["rows"] += chunk.num_rows
             if test is not None:
                 chunk = chunk.filter(pa.array(~test))
             counted["train"] += chunk.num_rows
             if chunk.num_rows:
                 yield chunk
+        kept.done()
 
     split = bool(fraction or last_out)
     if given is not None and grow:
@@ -407,7 +421,7 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
     if split and counted["rows"] and not counted["train"]:  # every row held out: nothing to fit on or train on
         if cutoff is not None:
             raise DataError(_after_cutoff(inputs, split_by, cutoff, fraction))
-        raise DataError(_empty_side(inputs, "train"))
+        raise DataError(_empty_side(inputs, "train", fraction, _copies_of(kept) if by_hash else None, counted["rows"]))
     writers = {"": PartWriter(out, rows_per_file)} if not split else {
         "train": PartWriter(out / "train", rows_per_file), "test": PartWriter(out / "test", rows_per_file)}
     seen = index = 0
@@ -415,9 +429,10 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
     unseen = UnseenIds(given) if given is not None else None  # ids the run's vocabulary holds in another form
     forms = IdForms()  # how the rows write the ids of hashed and managed tables, recorded with the encoder
     empty = EmptyColumns(spec, columns)  # feature columns of an input that hold no value in any row written
-    copies = Duplicates()  # rows that are exact copies of an earlier row (a file joined to itself?), warned of
+    copies = Duplicates()  # rows that repeat an earlier row in every column, kept and said in one line
     for log, chunk in chunks(on_error):
-        hashes = row_hashes(chunk)
+        hashes = kept.take(chunk.num_rows) if by_hash else None  # the fit pass's, where it hashed them
+        hashes = row_hashes(chunk) if hashes is None else hashes
         copies.observe(log.path or "", hashes, chunk.column(LINE_COLUMN).to_numpy())
         test = test_rows(chunk, index, hashes)
         index += chunk.num_rows
@@ -447,6 +462,10 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
         for w in writers.values():
             w.close()
         raise DataError(_after_cutoff(inputs, split_by, cutoff, fraction))
+    if by_hash and seen and not (writers["train"].rows and writers["test"].rows):  # copies may leave a side empty
+        for w in writers.values():
+            w.close()
+        raise DataError(_empty_side(inputs, "test" if writers["train"].rows else "train", fraction, copies, seen))
     for name, w in writers.items():
         w.close()
         record = {"test_fraction": fraction, "part": name}
@@ -459,13 +478,16 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
         _finish(spec, encoder, w, fmt, inputs, record if split else {}, opts.get("feature_map"), forms.record())
         stats[name].write(w.out)
     examples = tuple(str(e) for log in logs for e in log.examples)
-    copied = copies.line("row" if fmt == "parquet" else "line",
-                         split=bool(fraction) and cutoff is None and split_rule == SPLIT_RULE)
+    copied = copies.line("row" if fmt == "parquet" else "line", split=by_hash)
+    uneven = None  # a test share far from test_fraction: few distinct rows, each a unit of the split
+    if by_hash and copies.count()[0] and far_from(writers["test"].rows, seen, fraction):
+        count, estimate = copies.count()
+        uneven = share_line(inputs, writers["train"].rows, writers["test"].rows, fraction, copies.rows - count, estimate)
     return ConvertReport(str(out), seen, sum(w.files for w in writers.values()),
                          sum(log.count for log in logs), examples, 0.0,
                          {k: w.rows for k, w in writers.items() if k}, mapped[0], growth,
                          (*label_features(spec, columns), *overflow, *(unseen.lines() if unseen is not None else ()),
-                          *empty.lines(), *([copied] if copied else ())))
+                          *empty.lines(), *([copied] if copied else ()), *([uneven] if uneven else ())))
 
 
 def _after_cutoff(inputs: list[Path], split_by: str, cutoff: float | str, fraction: float) -> str:
@@ -477,10 +499,37 @@ def _after_cutoff(inputs: list[Path], split_by: str, cutoff: float | str, fracti
             f"split_by out to split by test_fraction alone, or convert rows of more times")
 
 
-def _empty_side(inputs: list[Path], side: str) -> str:
-    """The error of a split that put no row in `side` (train or test)."""
-    return (f"no rows converted from {', '.join(str(p) for p in inputs)} into the {side} split: change "
+def _empty_side(inputs: list[Path], side: str, fraction: float = 0.0, copies: Duplicates | None = None,
+                rows: int = 0) -> str:
+    """The error of a split that put no row in `side` (train or test); `copies`: the rows' copies, for a
+    split by row values (rule 3), whose few distinct rows may have left it empty (`flowrec.data.split_share`);
+    `rows`: the rows split, of which a `fraction` so small it draws less than one row on average is said so.
+
+    >>> _empty_side([Path("a.csv")], "test", 1e-9, None, 400)
+    'no rows converted from a.csv into the test split: test_fraction 1e-09 of its 400 rows is 4e-07 rows on average; give test_fraction at least 0.0025 (one row in 400), or convert more rows'
+    """
+    names = ", ".join(str(p) for p in inputs)
+    if rows and side == "test" and fraction * rows < 1:
+        return (f"no rows converted from {names} into the test split: test_fraction {fraction:g} of its {rows:,} rows "
+                f"is {fraction * rows:.2g} rows on average; give test_fraction at least {1 / rows:.2g} (one row in "
+                f"{rows:,}), or convert more rows")
+    if rows and side == "train" and (1 - fraction) * rows < 1:
+        return (f"no rows converted from {names} into the train split: test_fraction {fraction:g} leaves "
+                f"{(1 - fraction) * rows:.2g} of its {rows:,} rows for train on average; give test_fraction at most "
+                f"{1 - 1 / rows:.6g}, or convert more rows")
+    count, estimate = copies.count() if copies is not None else (0, False)
+    if count:
+        return empty_side_error(inputs, side, copies.rows, fraction, copies.rows - count, estimate)
+    return (f"no rows converted from {names} into the {side} split: change "
             "test_fraction or split_seed, or convert more rows")
+
+
+def _copies_of(kept: KeptHashes) -> Duplicates:
+    """The copies among a complete fit pass's kept hashes (its rows' places aside)."""
+    copies = Duplicates()
+    for hashes in kept.replay():
+        copies.observe("", hashes, np.zeros(len(hashes), np.int64))
+    return copies
 
 
 def _label_text_said(chunks: Iterator[pa.Table], tasks: dict[str, str]) -> Iterator[pa.Table]:
@@ -501,8 +550,7 @@ def _label_text_said(chunks: Iterator[pa.Table], tasks: dict[str, str]) -> Itera
 def _last_rows(chunk: pa.Table) -> np.ndarray:
     """Leave-last-out: the reader's marker of each user's last example."""
     if TEST_COLUMN not in chunk.column_names:
-        raise DataError("data option split: leave_last_out needs per-user sequences (format movielens with "
-                        "data option sequence: {max_len: L})")
+        raise DataError(LAST_OUT_NEEDS)
     return chunk.column(TEST_COLUMN).to_numpy(zero_copy_only=False).astype(bool)
 
 
@@ -592,6 +640,10 @@ def _check_rows(report: ConvertReport, inputs: list[Path], fmt: str) -> None:
         skipped = [note for p in inputs if fmt == "parquet" and (note := skipped_note(p))]
         if skipped:
             raise DataError(f"no rows converted from {names}: {'; '.join(skipped)}")
+        bare = [p for p in inputs if fmt == "parquet" and p.is_dir() and not listed_files(p)[0]]
+        if bare:  # was "it holds no data rows for format parquet (empty, header only, or another format)"
+            raise DataError(f"no rows converted from {names}: {bare[0]} is a folder without files to read (a Parquet "
+                            "folder holds part files: give the folder they are in, or a file)")
         raise DataError(f"no rows converted from {names}: it holds no data rows for format {fmt} "
                         "(empty, header only, or another format)")
     for side, rows in report.split.items():

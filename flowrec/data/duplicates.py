@@ -8,7 +8,8 @@ line column aside), the same whatever the chunking, the process or the machine, 
 can draw a row's side from it (`flowrec.data.convert.split_by_hash`: copies land on one side), and
 `Duplicates` counts the copies over a conversion in bounded memory: every row's hash while they
 fit in `KEPT_HASHES`, then the rows of a shrinking share of hash values (copies share their hash,
-so the share's count, scaled, estimates the whole).
+so the share's count, scaled, estimates the whole). The copies are kept, and said in one line with
+their share of the rows: a click log of (user, item, label) repeats rows that are events of their own.
 
 Example:
     >>> import pyarrow as pa
@@ -217,21 +218,41 @@ class Duplicates:
                 (self.files[int(k["file"][i])], int(k["line"][i])))
 
     def line(self, unit: str = "line", split: bool = False) -> str | None:
-        """One warning line: how many rows copy an earlier one and the first such copy; None when
-        none does. `unit`: what a place is called (line, or row for Parquet); `split`: the
-        conversion splits the rows into train and test (say that copies share their row's side)."""
+        """One line: how many rows repeat an earlier one, their share of the rows read and the first
+        such copy; None when none does. Repeats are kept (a click log's equal rows are events of
+        their own), so the line tells what was found, not a fault. `unit`: what a place is called
+        (line, or row for Parquet); `split`: the conversion splits the rows into train and test by
+        their values (say that copies share their row's side)."""
         count, estimate = self.count()
         example = self.example()
         if not count or example is None:
             return None
         (copy_file, copy_line), (row_file, row_line) = example
         of = "" if copy_file == row_file else f" of {row_file}"
-        rows = f"about {count:,} rows" if estimate else ("1 row" if count == 1 else f"{count:,} rows")
-        return (f"{copy_file}: {rows} {'is an exact copy' if count == 1 and not estimate else 'are exact copies'} "
-                f"of earlier rows (first: {unit} {copy_line} repeats {unit} {row_line}{of}; a file joined to "
-                "itself, or rows alike in every column?)" + ("; the split puts each copy on its row's side, so no "
-                                                              "row is in both train and test" if split else "")
-                + ": remove copies made by mistake, to train on each row once")
+        about = "about " if estimate else ""
+        rows = f"{about}{count:,} rows" if estimate or count > 1 else "1 row"
+        return (f"{copy_file}: {rows} ({about}{share(count, self.rows)} of the {self.rows:,} rows read) "
+                f"{'repeats' if count == 1 and not estimate else 'repeat'} an earlier row in every column (first: "
+                f"{unit} {copy_line} repeats {unit} {row_line}{of}); all kept, each a row of its own (as a click "
+                "log's repeated events are)" + ("; the split keeps a row's copies on its side, so none is in both "
+                                                "train and test" if split else "")
+                + "; if they are copies made by mistake (a file joined to itself), remove them to train on each "
+                  "row once")
+
+
+def share(part: int, whole: int) -> str:
+    """`part` of `whole` as a percentage that is never 0% or 100% unless exactly so.
+
+    >>> share(1, 3), share(1, 100_000), share(99_999, 100_000), share(0, 5)
+    ('33.3%', 'under 0.1%', 'over 99.9%', '0%')
+    """
+    if not part or part >= whole:
+        return "0%" if not part else "100%"
+    if part / whole < 0.001:
+        return "under 0.1%"
+    if part / whole > 0.999:
+        return "over 99.9%"
+    return f"{part / whole:.1%}"
 
 
 def _records(hashes: np.ndarray, order: np.ndarray, file: np.ndarray, line: np.ndarray) -> dict[str, np.ndarray]:

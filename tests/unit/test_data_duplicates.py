@@ -1,7 +1,8 @@
 """Exact duplicate rows of a raw input (`flowrec.data.duplicates`): a file joined to itself (`cat
 a.csv a.csv > b.csv`) was converted without a word, and a seeded split put each copy on a side of
 its own, so the same rows were in train and test (a test AUC of rows the model trained on). The
-conversion says how many rows copy an earlier one and where the first copy is, and the seeded
+conversion says how many rows copy an earlier one, their share, and where the first copy is (they
+are kept: a click log's equal rows are events of their own), and the seeded
 split (rule 3) draws a row's side from its values: copies land on their row's side. A run of
 before rule 3 whose bound data is encoded again keeps its split (rule 2)."""
 from __future__ import annotations
@@ -51,9 +52,9 @@ def test_a_file_joined_to_itself_is_named_and_its_copies_never_straddle_the_spli
     assert not set(train) & set(test)  # no row in both
     assert sorted(train + test) == sorted(list(range(n)) * 2)  # every row and copy written once
     assert 0.15 * n < len(set(test)) < 0.45 * n
-    said = [w for w in report.warnings if "exact copies" in w]
-    assert len(said) == 1 and f": {n:,} rows are exact copies" in said[0], report.warnings
-    assert f"first: line {n + 2} repeats line 2;" in said[0] and "no row is in both train and test" in said[0]
+    said = [w for w in report.warnings if "repeat an earlier row" in w]
+    assert len(said) == 1 and f": {n:,} rows (50.0% of the {2 * n:,} rows read) repeat" in said[0], report.warnings
+    assert f"first: line {n + 2} repeats line 2)" in said[0] and "none is in both train and test" in said[0]
     assert read_meta(tmp_path / "out" / "train").split["split_rule"] == SPLIT_RULE
 
 
@@ -69,14 +70,14 @@ def test_rows_copied_here_and_there_are_counted_and_the_first_copy_named(tmp_pat
     path = tmp_path / "rows.csv"
     path.write_text("c,rid,label\n" + "\n".join(lines) + "\n")
     report = convert(_spec(), "csv", [path], tmp_path / "out")
-    said = [w for w in report.warnings if "exact cop" in w]
+    said = [w for w in report.warnings if "an earlier row in every column" in w]
     first = rows.index(copies[0])
-    count = f"{len(copies)} rows are exact copies" if len(copies) > 1 else "1 row is an exact copy"
-    assert len(said) == 1 and count in said[0], said
-    assert f"first: line {at + 2} repeats line {first + 2};" in said[0]
+    count = f"{len(copies)} rows (" if len(copies) > 1 else "1 row ("
+    assert len(said) == 1 and count in said[0] and f"of the {n + len(copies):,} rows read)" in said[0], said
+    assert f"first: line {at + 2} repeats line {first + 2})" in said[0]
     clean = tmp_path / "clean.csv"
     clean.write_text("c,rid,label\n" + "\n".join(rows) + "\n")
-    assert not [w for w in convert(_spec(), "csv", [clean], tmp_path / "c").warnings if "exact cop" in w]
+    assert not [w for w in convert(_spec(), "csv", [clean], tmp_path / "c").warnings if "earlier row" in w]
 
 
 def test_copies_in_a_second_input_file_name_both_files(tmp_path: Path):
@@ -85,8 +86,8 @@ def test_copies_in_a_second_input_file_name_both_files(tmp_path: Path):
     a, b = tmp_path / "a.csv", tmp_path / "b.csv"
     a.write_text("c,rid,label\n" + "\n".join(rows) + "\n")
     b.write_text("c,rid,label\n" + "\n".join(rows[3:7]) + "\n")
-    said = [w for w in convert(_spec(), "csv", [a, b], tmp_path / "out").warnings if "exact cop" in w]
-    assert len(said) == 1 and said[0].startswith(f"{b}: 4 rows") and f"line 2 repeats line 5 of {a}" in said[0]
+    said = [w for w in convert(_spec(), "csv", [a, b], tmp_path / "out").warnings if "earlier row" in w]
+    assert len(said) == 1 and said[0].startswith(f"{b}: 4 rows") and f"line 2 repeats line 5 of {a})" in said[0]
 
 
 def test_the_count_is_estimated_from_a_share_of_hashes_beyond_the_limit():
@@ -116,6 +117,42 @@ def test_row_hashes_tell_rows_apart_by_every_value_and_missing_from_empty():
     assert row_hashes(t.slice(1)).tolist() == h[1:]  # a row's hash is its own, wherever the chunk starts
     swapped = pa.table({"a": ["1.5"], "b": ["x"]})
     assert row_hashes(swapped)[0] != row_hashes(pa.table({"a": ["x"], "b": ["1.5"]}))[0]
+
+
+def test_a_click_log_s_repeated_events_are_kept_and_said_as_a_share_not_a_fault(tmp_path: Path):
+    """A click log of (user, item, label) repeats rows that are events of their own: the line said
+    'exact copies ... a file joined to itself ...: remove copies made by mistake' of them, with no
+    share to judge by. It now gives the share of the rows read, says they are kept (none dropped) and
+    on one side of the split, and names the first copy's line."""
+    rng = np.random.default_rng()
+    n = int(rng.integers(2_000, 5_000))
+    users, items = rng.zipf(1.6, n) % 60, rng.zipf(1.4, n) % 40
+    labels = (rng.random(n) < 0.1).astype(int)
+    lines = [f"u{u},i{i},{y}" for u, i, y in zip(users, items, labels)]
+    first_seen: dict[str, int] = {}
+    repeats, first = 0, None
+    for k, line in enumerate(lines):
+        if line in first_seen:
+            repeats += 1
+            first = first or (k + 2, first_seen[line] + 2)
+        first_seen.setdefault(line, k)
+    path = tmp_path / "clicks.csv"
+    path.write_text("user,item,label\n" + "\n".join(lines) + "\n")
+    spec = spec_from_dict({
+        "name": "clicks",
+        "features": [{"name": "user", "type": "categorical", "vocab": 80, "dim": 4},
+                     {"name": "item", "type": "categorical", "vocab": 60, "dim": 4}],
+        "modules": [{"name": "m", "kind": "mlp", "inputs": ["@sparse"], "layers": [4]}],
+        "heads": [{"name": "h", "input": "m"}],
+        "data": {"format": "csv", "path": "x", "options": {"test_fraction": 0.2, "split_seed": 1}},
+        "optimizer": {"dense": {"name": "adam", "lr": 0.01}, "sparse": {"name": "sgd", "lr": 0.1}}})
+    report = convert(spec, "csv", [path], tmp_path / "out")
+    assert report.split["train"] + report.split["test"] == n  # no row dropped
+    said = [w for w in report.warnings if "earlier row" in w]
+    assert len(said) == 1, report.warnings
+    assert said[0].startswith(f"{path}: {repeats:,} rows ({repeats / n:.1%} of the {n:,} rows read) repeat an earlier")
+    assert f"(first: line {first[0]} repeats line {first[1]})" in said[0]
+    assert "all kept" in said[0] and "copies on its side, so none is in both train and test" in said[0]
 
 
 def test_a_run_of_before_rule_3_encodes_its_bound_data_again_with_its_own_split(tmp_path: Path):

@@ -141,7 +141,7 @@ def test_a_split_of_only_test_rows_is_the_empty_train_split_line(tmp_path):
     test = split_mask(0, 3, 0.99, 0)
     assert test.all()
     raw = _csv(tmp_path, test)
-    with pytest.raises(DataError, match="into the train split: change test_fraction or split_seed"):
+    with pytest.raises(DataError, match="into the train split: test_fraction 0.99 leaves 0.03 of its 3 rows for train"):
         convert(_spec(test_fraction=0.99, split_seed=0), "csv", [raw], tmp_path / "out", split_rule=INDEX_SPLIT_RULE)
     assert not (tmp_path / "out").exists()
 
