@@ -154,7 +154,8 @@ class IdForms:
 
     Args:
         seen: feature -> form -> [an example, ids of the samples of that form].
-        types: feature -> the Arrow type its raw column was first read as.
+        types: feature -> the Arrow type its raw column was first read as (every sparse feature's:
+            `column_types`; a hashed or managed feature's also in its `record`).
         narrowest: feature -> its narrowest id of the samples written as integers (`unpadded`
             tells ids that lost the zeros of zero-padded training ids by it, in whichever sample;
             `lines` shows it, `record` records it).
@@ -175,13 +176,14 @@ class IdForms:
         for f in encoder.spec.sparse_features:
             table = encoder.spec.table(f.table)
             source = encoder.source(f.name)
-            if not (table.hashed or table.managed is not None) or source not in present \
-                    or (features is not None and f.name not in features):
+            if source not in present or (features is not None and f.name not in features):
+                continue
+            self.types.setdefault(f.name, str(raw.column(source).type))
+            if not (table.hashed or table.managed is not None):
                 continue
             values = encoder.sparse_values(f, sample)
             flat = pc.list_flatten(values) if is_multi(f) else values
             found = written_form(flat)
-            self.types.setdefault(f.name, str(raw.column(source).type))
             if found is None:
                 continue
             form, example = found
@@ -231,6 +233,12 @@ class IdForms:
                 out[name] = {"form": form, "example": example, "type": self.types.get(name, "")}
         return out
 
+    def column_types(self) -> dict[str, str]:
+        """feature -> the Arrow type its raw column was first read as, for every sparse feature
+        seen: how a typed source (Parquet) held the ids, which a vocabulary (text) no longer
+        tells (`checked_types`; a retrieval package gives its items back in it)."""
+        return dict(self.types)
+
     def lines(self, encoder: Any, trained: dict[str, dict[str, str]]) -> list[str]:
         """A line per feature whose ids are written in another form (`other_form`) than `trained`
         (`record`'s of the training rows) records: the column, an example, what it does, the fix."""
@@ -278,6 +286,18 @@ def checked_forms(value: Any) -> dict[str, dict[str, str]]:
     return {name: {k: rule[k] for k in ("form", "example", "type") if isinstance(rule.get(k), str)}
             for name, rule in value.items()
             if isinstance(name, str) and isinstance(rule, dict) and isinstance(rule.get("form"), str)}
+
+
+def checked_types(value: Any) -> dict[str, str]:
+    """A recorded `IdForms.column_types` as read from a file: feature -> Arrow type, each a text;
+    anything else (a hand-edited record) is left out, as a record without types is.
+
+    >>> checked_types({"item": "string", "user": 7, 3: "int64"}), checked_types(None)
+    ({'item': 'string'}, {})
+    """
+    if not isinstance(value, dict):
+        return {}
+    return {name: kind for name, kind in value.items() if isinstance(name, str) and isinstance(kind, str)}
 
 
 def changed_forms(spec: Any, columns: dict[str, str], trained: dict[str, dict[str, str]],

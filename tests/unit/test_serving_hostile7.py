@@ -1,0 +1,87 @@
+"""Serving, seventh round: retrieval items in the type the training rows held them in, and load_model,
+predict and recommend given hostile packages and rows."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from flowrec.cli import app
+from flowrec.serving.predict import load_model
+
+TWO_TOWER = """
+name: tt_serve7
+features:
+  - {name: user_id, type: categorical, vocab: 60, dim: 8}
+  - {name: item_id, type: categorical, vocab: 40, dim: 8}
+modules:
+  - {name: score, kind: similarity, inputs: [user_id, item_id], metric: dot}
+heads:
+  - {name: retrieve, input: score, task: retrieval, negatives: {kind: in_batch}, top_k: [5]}
+data: {format: csv, label: label}
+optimizer:
+  dense: {name: adam, lr: 0.01}
+  sparse: {name: adam, lr: 0.01}
+training: {batch_size: 64, epochs: 1, seed: 0}
+"""
+
+
+def _ratings(rng: np.random.Generator, items: np.ndarray, n: int = 600) -> pd.DataFrame:
+    """Skewed (user, item) positives: a few items hold most rows."""
+    return pd.DataFrame({"user_id": rng.integers(1, 50, n), "item_id": items[rng.zipf(1.4, n) % len(items)],
+                         "label": np.ones(n, np.int64)})
+
+
+def _train_and_export(root: Path, rows: pd.DataFrame, fmt: str) -> Path:
+    """`root/train.{csv,parquet}` -> converted data, a run, `root/pkg` (through the CLI, exit 0
+    checked); returns the training file."""
+    (root / "spec.yaml").write_text(TWO_TOWER)
+    file = root / f"train.{fmt}"
+    if fmt == "csv":
+        rows.to_csv(file, index=False)
+    else:
+        pq.write_table(pa.Table.from_pandas(rows, preserve_index=False), file)
+    runner = CliRunner()
+    for args in (["data", "convert", fmt, file, root / "data", "--spec", root / "spec.yaml", "-q"],
+                 ["train", root / "spec.yaml", "--data", root / "data", "--out", root / "run", "--quiet",
+                  "--device", "cpu"],
+                 ["export", root / "run", root / "pkg"]):
+        result = runner.invoke(app, [str(a) for a in args])
+        assert result.exit_code == 0, (args[0], result.output)
+    return file
+
+
+CASES = {  # case -> (training file's format, the ids as the rows give them, the type recommend gives back)
+    "csv integers": ("csv", lambda ids: ids, int),
+    "parquet int64": ("parquet", lambda ids: ids.astype(np.int64), int),
+    "parquet digit strings": ("parquet", lambda ids: ids.astype(str), str),
+    "text ids": ("csv", lambda ids: np.array([f"m{i}" for i in ids]), str),
+    "zero-padded ids": ("csv", lambda ids: np.array([f"{i:07d}" for i in ids]), str),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_recommended_items_come_back_in_the_type_the_training_column_held(tmp_path, case):
+    fmt, form, kind = CASES[case]
+    rng = np.random.default_rng()
+    items = form(rng.choice(np.arange(100, 100_000), 30, replace=False))
+    file = _train_and_export(tmp_path, _ratings(rng, items), fmt)
+    # the user's own rows, read back (zero-padded ids as text: read_csv's numbers would drop the zeros)
+    rows = pd.read_csv(file, dtype={"item_id": str} if kind is str else None) if fmt == "csv" else pd.read_parquet(file)
+    users = pd.DataFrame({"user_id": rng.choice(rows["user_id"].unique(), 4)})
+    got = load_model(tmp_path / "pkg").recommend(users, 3)
+    assert all(type(i) is kind for row in got["items"] for i in row), got["items"].tolist()
+    firsts = [row[0] for row in got["items"]]
+    joined = pd.DataFrame({"item_id": firsts}).merge(rows.drop_duplicates("item_id"), on="item_id")
+    assert len(joined) == len(firsts)  # each recommended item joins back to the rows' own item column
+    users.to_csv(tmp_path / "users.csv", index=False)
+    result = CliRunner().invoke(app, ["predict", str(tmp_path / "pkg"), str(tmp_path / "users.csv"), "--format",
+                                      "csv", "--top-k", "3", "--out", str(tmp_path / "recs.parquet")])
+    assert result.exit_code == 0, result.output
+    written = pq.read_table(tmp_path / "recs.parquet").schema.field("items").type.value_type
+    assert written == (pa.int64() if kind is int else pa.string())
