@@ -391,7 +391,7 @@ def _load_model(path: Path) -> LoadedModel:
                          "export the run again")
     if "retrieval" in manifest:
         require_listed(path, manifest, [ITEMS_FILE])
-        items = load_items(path, manifest, spec)
+        items = load_items(path, manifest, spec, encoder.vocabs, record.id_types)
     require_listed(path, manifest, [f"{MANAGED_DIR}/{t.name}.parquet" for t in spec.tables if t.managed is not None])
     item = manifest["retrieval"]["item_feature"] if items is not None else None  # (checked by load_items)
     check_program(exported, spec, [f.name for f in spec.sparse_features if f.name != item],

@@ -39,7 +39,7 @@ from flowrec.data.encoder_record import EncoderRecord
 from flowrec.data.layout import is_multi
 from flowrec.runtime.evaluation.scores import head_columns
 from flowrec.runtime.retrieval import catalogue_ids, catalogue_vectors
-from flowrec.serving.retrieval_index import HEADS_FILE, INDEX_FILE, ITEMS_FILE, faiss_module, for_index
+from flowrec.serving.retrieval_index import HEADS_FILE, INDEX_FILE, ITEMS_FILE, faiss_module, for_index, id_type
 
 EXAMPLE_BATCH = 4  # rows of the example inputs the query program is traced with (the batch is dynamic)
 
@@ -154,7 +154,7 @@ def item_ids(raw: list[str | None], read_as: str | None = None) -> pa.Array:
     >>> item_ids(["286", "77"], "string").type, item_ids(["286", "77"], "int32").type
     (DataType(string), DataType(int32))
     """
-    kind = _id_type(read_as)
+    kind = id_type(read_as)
     if kind is not None and pa.types.is_string(kind):
         return pa.array(raw, pa.string())
     named = [v for v in raw if v is not None]
@@ -166,28 +166,6 @@ def item_ids(raw: list[str | None], read_as: str | None = None) -> pa.Array:
     if named and all(INTEGER_ID.match(v) and -(1 << 63) <= int(v) < (1 << 63) for v in named):
         return pa.array([None if v is None else int(v) for v in raw], pa.int64())
     return pa.array(raw, pa.string())
-
-
-def _id_type(read_as: str | None) -> pa.DataType | None:
-    """The type items.parquet gives ids of a source column read as `read_as` (an Arrow type's
-    text): string for text (string, large string, string view, a dictionary of text), the integer
-    type for integers; None (the guess) for anything else.
-
-    >>> _id_type("dictionary<values=string, indices=int32, ordered=0>"), _id_type("uint16"), _id_type("double")
-    (DataType(string), DataType(uint16), None)
-    """
-    if not isinstance(read_as, str):
-        return None
-    if read_as in ("string", "large_string", "string_view", "utf8", "large_utf8") or \
-            (read_as.startswith("dictionary<values=") and
-             read_as.split("=", 1)[1].split(",", 1)[0] in ("string", "large_string", "string_view")):
-        return pa.string()
-    if read_as in INTEGER_TYPES:
-        return pa.type_for_alias(read_as)
-    return None
-
-
-INTEGER_TYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
 
 
 def retrieval_export(trained: Any, encoder: EncoderRecord, index: str = "auto") -> RetrievalExport | None:

@@ -2,6 +2,9 @@
 predict and recommend given hostile packages and rows."""
 from __future__ import annotations
 
+import hashlib
+import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -85,3 +88,63 @@ def test_recommended_items_come_back_in_the_type_the_training_column_held(tmp_pa
     assert result.exit_code == 0, result.output
     written = pq.read_table(tmp_path / "recs.parquet").schema.field("items").type.value_type
     assert written == (pa.int64() if kind is int else pa.string())
+
+
+@pytest.fixture(scope="module")
+def digits_package(tmp_path_factory) -> Path:
+    """A retrieval package trained on a Parquet file whose item column is text of digits."""
+    root = tmp_path_factory.mktemp("digits")
+    rng = np.random.default_rng()
+    _train_and_export(root, _ratings(rng, rng.choice(np.arange(100, 100_000), 30, replace=False).astype(str)),
+                      "parquet")
+    return root / "pkg"
+
+
+def _forged(package: Path, out: Path, items=None, encoder=None) -> Path:
+    """A copy of `package` with items.parquet's item column replaced (`items`: the column -> another)
+    and encoder.json edited (`encoder`: the document, edited in place), its manifest's digests made
+    anew, as a hostile package would have them."""
+    shutil.copytree(package, out)
+    if items is not None:
+        table = pq.read_table(out / "items.parquet")
+        pq.write_table(table.set_column(0, "item", items(table.column("item").combine_chunks())), out / "items.parquet")
+    if encoder is not None:
+        doc = json.loads((out / "encoder.json").read_text())
+        encoder(doc)
+        (out / "encoder.json").write_text(json.dumps(doc))
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["files"] = {name: hashlib.sha256((out / name).read_bytes()).hexdigest() for name in manifest["files"]}
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    return out
+
+
+FORGERIES = {  # what a hostile package holds -> what load_model's line says of it
+    "lists of ids": (lambda c: pa.array([[i] for i in range(len(c))]), None, "not item ids"),
+    "float ids": (lambda c: pa.array(np.arange(len(c)) + 0.5), None, "not item ids"),
+    "bytes": (lambda c: c.cast(pa.binary()), None, "not item ids"),
+    "other ids": (lambda c: pa.array([v and f"x{v}" for v in c.to_pylist()]), None, "not the package's vocabulary"),
+    "ids shifted a row": (lambda c: pa.concat_arrays([c[1:], c[:1]]), None, "not the package's vocabulary"),
+    "the digits as ints": (lambda c: c.cast(pa.int64()), None, "where the training rows held the item column"),
+    "a record of int ids": (None, lambda d: d["id_types"].update(item_id="int64"), "where the training rows held"),
+}
+
+
+@pytest.mark.parametrize("forgery", list(FORGERIES))
+def test_a_package_whose_items_are_not_its_vocabularys_ids_is_refused_in_one_line(digits_package, tmp_path, forgery):
+    items, encoder, said = FORGERIES[forgery]
+    package = _forged(digits_package, tmp_path / "pkg", items, encoder)
+    with pytest.raises(ValueError, match=said):
+        load_model(package)
+    pd.DataFrame({"user_id": [3, 7]}).to_csv(tmp_path / "users.csv", index=False)
+    result = CliRunner().invoke(app, ["predict", str(package), str(tmp_path / "users.csv"), "--format", "csv",
+                                      "--top-k", "2", "--out", str(tmp_path / "recs.parquet")])
+    assert result.exit_code == 2 and isinstance(result.exception, SystemExit), (result.exception, result.output)
+    assert "items.parquet" in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "recs.parquet").exists()
+
+
+def test_the_genuine_package_loads_and_its_dictionary_encoded_copy_too(digits_package, tmp_path):
+    users = pd.DataFrame({"user_id": [3, 7]})
+    want = load_model(digits_package).recommend(users, 3)
+    copy = _forged(digits_package, tmp_path / "pkg", lambda c: c.dictionary_encode())
+    assert load_model(copy).recommend(users, 3)["items"].tolist() == want["items"].tolist()
