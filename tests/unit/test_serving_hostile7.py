@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -148,3 +149,13 @@ def test_the_genuine_package_loads_and_its_dictionary_encoded_copy_too(digits_pa
     want = load_model(digits_package).recommend(users, 3)
     copy = _forged(digits_package, tmp_path / "pkg", lambda c: c.dictionary_encode())
     assert load_model(copy).recommend(users, 3)["items"].tolist() == want["items"].tolist()
+
+
+@pytest.mark.parametrize("name", ["spec.json", "items.parquet", "vocab/item_id.parquet"])
+def test_a_package_file_that_is_a_link_to_itself_is_a_one_line_value_error(digits_package, tmp_path, name):
+    package = tmp_path / "pkg"
+    shutil.copytree(digits_package, package)
+    (package / name).unlink()
+    os.symlink(Path(name).name, package / name)  # a link loop: Path.resolve's RuntimeError escaped load_model
+    with pytest.raises(ValueError, match="link loop"):
+        load_model(package)
