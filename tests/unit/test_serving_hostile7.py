@@ -159,3 +159,24 @@ def test_a_package_file_that_is_a_link_to_itself_is_a_one_line_value_error(digit
     os.symlink(Path(name).name, package / name)  # a link loop: Path.resolve's RuntimeError escaped load_model
     with pytest.raises(ValueError, match="link loop"):
         load_model(package)
+
+
+def test_a_run_continued_on_csv_rows_keeps_the_item_type_of_its_parquet_start(tmp_path):
+    """A run started on a Parquet file of digit-string items and continued (--init-from) on a CSV
+    day, converted with its encoder: CSV records no types, so the continued run's items were the
+    guess, int64; the parent's record is kept, as its forms of ids are."""
+    rng = np.random.default_rng()
+    items = rng.choice(np.arange(100, 100_000), 30, replace=False).astype(str)
+    _train_and_export(tmp_path, _ratings(rng, items), "parquet")
+    day = tmp_path / "day.csv"
+    _ratings(rng, items).to_csv(day, index=False)
+    runner = CliRunner()
+    for args in (["data", "convert", "csv", day, tmp_path / "day", "--spec", tmp_path / "spec.yaml", "-q",
+                  "--encoder-from", tmp_path / "run"],
+                 ["train", tmp_path / "spec.yaml", "--data", tmp_path / "day", "--out", tmp_path / "run2", "--quiet",
+                  "--device", "cpu", "--init-from", tmp_path / "run"],
+                 ["export", tmp_path / "run2", tmp_path / "pkg2"]):
+        result = runner.invoke(app, [str(a) for a in args])
+        assert result.exit_code == 0, (args[0], result.output)
+    got = load_model(tmp_path / "pkg2").recommend(pd.DataFrame({"user_id": [3, 7]}), 3)
+    assert all(type(i) is str and i in set(items) for row in got["items"] for i in row), got["items"].tolist()
