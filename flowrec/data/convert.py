@@ -475,7 +475,8 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
             record = {"split": "leave_last_out", "part": name}
         # fitted here on the train rows alone, or a given encoder (--encoder-from, a run's), grown on them
         record["fit_on"] = FIT_ON if given is None else "given"
-        _finish(spec, encoder, w, fmt, inputs, record if split else {}, opts.get("feature_map"), forms.record())
+        _finish(spec, encoder, w, fmt, inputs, record if split else {}, opts.get("feature_map"), forms.record(),
+                forms.column_types() if fmt == "parquet" else None)  # (text sources' ids have no type)
         stats[name].write(w.out)
     examples = tuple(str(e) for log in logs for e in log.examples)
     copied = copies.line("row" if fmt == "parquet" else "line", split=by_hash)
@@ -775,9 +776,10 @@ def _separator_hint(names: list[str], needed: list[str]) -> str:
 
 def _finish(spec: ModelSpec, encoder: Encoder, writer: PartWriter, fmt: str, inputs: list[Path],
             split: dict[str, Any], feature_map: dict[str, str] | None = None,
-            id_forms: dict[str, dict[str, str]] | None = None) -> None:
+            id_forms: dict[str, dict[str, str]] | None = None, id_types: dict[str, str] | None = None) -> None:
     """Write the dataset's metadata: its encoder, with the forms its rows wrote the ids of hashed
-    and managed tables in (`flowrec.data.id_forms`; none where it has no such tables)."""
+    and managed tables in (`flowrec.data.id_forms`; none where it has no such tables) and the
+    Arrow types a Parquet source held its id columns in (`EncoderRecord.id_types`)."""
     vocab_files = {}
     if encoder.vocabs:
         (writer.out / VOCAB_DIR).mkdir(exist_ok=True)
@@ -805,6 +807,7 @@ def _finish(spec: ModelSpec, encoder: Encoder, writer: PartWriter, fmt: str, inp
                         "encoder": {"fingerprint": record.fingerprint, "columns": record.columns,
                                     "sequence_sep": record.sequence_sep, "order": list(record.features),
                                     **({"feature_map": feature_map} if feature_map else {}),
-                                    **({"id_forms": id_forms} if id_forms else {})}},
+                                    **({"id_forms": id_forms} if id_forms else {}),
+                                    **({"id_types": id_types} if id_types else {})}},
                        split)
     write_meta(writer.out, meta)

@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from flowrec.data.encode import DenseStats, Encoder
-from flowrec.data.id_forms import checked_forms
+from flowrec.data.id_forms import checked_forms, checked_types
 from flowrec.data.layout import (META_FILE, DataError, DatasetMeta, data_hash, encoded_rows, encoding_mode,
                                  read_meta, unique_labels)
 from flowrec.data.names import inside, plain_name
@@ -62,6 +62,10 @@ class EncoderRecord:
         id_forms: hashed or managed feature -> the form the training rows wrote its ids in
             (`flowrec.data.id_forms`): how the rows were written, not how ids are encoded, so no
             part of the fingerprint (a record without it, of before forms were recorded, warns of none).
+        id_types: sparse feature -> the Arrow type a typed source (Parquet) held its raw column in
+            (`IdForms.column_types`): a vocabulary holds every id as text, so a retrieval package
+            gives its items back in this type; none for text sources (CSV), whose ids have no
+            type but their spelling, nor in the fingerprint (a record without it keeps the guess).
     """
 
     spec: str
@@ -73,6 +77,7 @@ class EncoderRecord:
     vocab_files: dict[str, str] = field(default_factory=dict)
     feature_map: dict[str, str] | None = None
     id_forms: dict[str, dict[str, str]] = field(default_factory=dict)
+    id_types: dict[str, str] = field(default_factory=dict)
 
     @property
     def fingerprint(self) -> str:
@@ -87,7 +92,8 @@ class EncoderRecord:
                 "sequence_sep": self.sequence_sep,
                 "vocab_files": {t: f"{vocab_prefix}/{t}.parquet" for t in self.vocab_files},
                 **({"feature_map": self.feature_map} if self.feature_map else {}),
-                **({"id_forms": self.id_forms} if self.id_forms else {})}
+                **({"id_forms": self.id_forms} if self.id_forms else {}),
+                **({"id_types": self.id_types} if self.id_types else {})}
 
 
 def vocab_digest(values: pa.Array) -> str:
@@ -180,7 +186,7 @@ def _record_of_meta(path: Path, meta: DatasetMeta) -> EncoderRecord:
     return EncoderRecord(meta.spec, meta.data_hash, ordered, labels, columns,
                          stored.get("sequence_sep", "^"), vocab_files,
                          _feature_map(stored.get("feature_map"), path / META_FILE),
-                         checked_forms(stored.get("id_forms")))
+                         checked_forms(stored.get("id_forms")), checked_types(stored.get("id_types")))
 
 
 def synthetic_record(spec: ModelSpec) -> EncoderRecord:
@@ -212,7 +218,8 @@ def read_record(folder: Path) -> EncoderRecord:
         record = EncoderRecord(doc["spec"], doc["data_hash"], doc["features"], doc.get("labels", {}),
                                doc.get("columns", {}), doc.get("sequence_sep", "^"),
                                _vocab_paths(Path(folder), doc.get("vocab_files", {}), path),
-                               _feature_map(doc.get("feature_map"), path), checked_forms(doc.get("id_forms")))
+                               _feature_map(doc.get("feature_map"), path), checked_forms(doc.get("id_forms")),
+                               checked_types(doc.get("id_types")))
     except (KeyError, TypeError, AttributeError) as exc:
         raise DataError(f"{path}: encoder lacks the key {exc} or holds a value of the wrong kind") from None
     if record.fingerprint != doc.get("fingerprint"):

@@ -85,15 +85,23 @@ def _sample(values: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
     return values if len(values) <= FORM_SAMPLE else values.take(pa.array(spread(len(values))))
 
 
-def written_form(values: pa.Array) -> tuple[str, str] | None:
+def id_texts(values: pa.Array) -> tuple[pa.Array, pa.Array]:
+    """The ids of a sample as they are hashed (`as_strings`), nulls dropped, and the same trimmed
+    of spaces: what `written_form`, `narrowest_id` and `_widths` read, made once a feature (each
+    made them anew: 3 texts and 4 trims a feature, 60 % of a one-row predict of 1,000 hashed fields)."""
+    texts = as_strings(_sample(values)).drop_null()
+    return texts, pc.utf8_trim_whitespace(texts)
+
+
+def written_form(values: pa.Array, texts: tuple[pa.Array, pa.Array] | None = None) -> tuple[str, str] | None:
     """The form of a sample of ids (`FORMS`, else `TEXT`; `PADDED` before it where most are written
     with spaces around them) and an example of it, as the ids are hashed (`as_strings`: a float
-    3.0 is the id "3"); None where the sample holds no id."""
-    texts = as_strings(_sample(values)).drop_null()
-    texts = texts.filter(pc.not_equal(pc.utf8_trim_whitespace(texts), ""))  # blanks: no id, so no form of one
+    3.0 is the id "3"); None where the sample holds no id. `texts`: `id_texts(values)`, if made."""
+    texts, trimmed = texts or id_texts(values)
+    named = pc.not_equal(trimmed, "")  # blanks: no id, so no form of one
+    texts, trimmed = texts.filter(named), trimmed.filter(named)
     if not len(texts):
         return None
-    trimmed = pc.utf8_trim_whitespace(texts)
     padded = pc.sum(pc.not_equal(texts, trimmed)).as_py() * 2 > len(texts)
     form = next((name for name, pattern in FORMS if pc.all(pc.match_substring_regex(trimmed, pattern)).as_py()),
                 TEXT)
@@ -108,15 +116,18 @@ def written_form(values: pa.Array) -> tuple[str, str] | None:
     return (PADDED if padded else "") + form, example
 
 
-def narrowest_id(values: pa.Array) -> str:
-    """The narrowest id (its text, spaces trimmed) of a sample of ids holding one (`written_form`'s)."""
-    texts = pc.utf8_trim_whitespace(as_strings(_sample(values)).drop_null())
-    return texts[pc.index(pc.utf8_length(texts), pc.min(pc.utf8_length(texts))).as_py()].as_py()
+def narrowest_id(values: pa.Array, texts: tuple[pa.Array, pa.Array] | None = None) -> str:
+    """The narrowest id (its text, spaces trimmed) of a sample of ids holding one (`written_form`'s);
+    `texts`: `id_texts(values)`, if made."""
+    trimmed = (texts or id_texts(values))[1]
+    lengths = pc.utf8_length(trimmed)
+    return trimmed[pc.index(lengths, pc.min(lengths)).as_py()].as_py()
 
 
-def _widths(values: pa.Array) -> tuple[int, int]:
-    """The fewest and most characters of a sample's ids (spaces trimmed), of one holding an id."""
-    widths = pc.min_max(pc.utf8_length(pc.utf8_trim_whitespace(as_strings(_sample(values)).drop_null())))
+def _widths(values: pa.Array, texts: tuple[pa.Array, pa.Array] | None = None) -> tuple[int, int]:
+    """The fewest and most characters of a sample's ids (spaces trimmed), of one holding an id;
+    `texts`: `id_texts(values)`, if made."""
+    widths = pc.min_max(pc.utf8_length((texts or id_texts(values))[1]))
     return widths["min"].as_py(), widths["max"].as_py()
 
 
@@ -154,7 +165,8 @@ class IdForms:
 
     Args:
         seen: feature -> form -> [an example, ids of the samples of that form].
-        types: feature -> the Arrow type its raw column was first read as.
+        types: feature -> the Arrow type its raw column was first read as (every sparse feature's:
+            `column_types`; a hashed or managed feature's also in its `record`).
         narrowest: feature -> its narrowest id of the samples written as integers (`unpadded`
             tells ids that lost the zeros of zero-padded training ids by it, in whichever sample;
             `lines` shows it, `record` records it).
@@ -175,22 +187,24 @@ class IdForms:
         for f in encoder.spec.sparse_features:
             table = encoder.spec.table(f.table)
             source = encoder.source(f.name)
-            if not (table.hashed or table.managed is not None) or source not in present \
-                    or (features is not None and f.name not in features):
+            if source not in present or (features is not None and f.name not in features):
+                continue
+            self.types.setdefault(f.name, str(raw.column(source).type))
+            if not (table.hashed or table.managed is not None):
                 continue
             values = encoder.sparse_values(f, sample)
             flat = pc.list_flatten(values) if is_multi(f) else values
-            found = written_form(flat)
-            self.types.setdefault(f.name, str(raw.column(source).type))
+            texts = id_texts(flat)
+            found = written_form(flat, texts)
             if found is None:
                 continue
             form, example = found
             mine = self.seen.setdefault(f.name, {}).setdefault(form, [example, 0])
             mine[1] += min(len(flat), FORM_SAMPLE)
             if form == "integers":
-                self._narrow(f.name, narrowest_id(flat))
+                self._narrow(f.name, narrowest_id(flat, texts))
             if form in ("integers", ZEROS):
-                self._widen(f.name, _widths(flat))
+                self._widen(f.name, _widths(flat, texts))
 
     def add(self, other: "IdForms") -> None:
         """Count `other`'s forms too (a call's, into a model's running count)."""
@@ -230,6 +244,12 @@ class IdForms:
                     example = self.narrowest.get(name, example)
                 out[name] = {"form": form, "example": example, "type": self.types.get(name, "")}
         return out
+
+    def column_types(self) -> dict[str, str]:
+        """feature -> the Arrow type its raw column was first read as, for every sparse feature
+        seen: how a typed source (Parquet) held the ids, which a vocabulary (text) no longer
+        tells (`checked_types`; a retrieval package gives its items back in it)."""
+        return dict(self.types)
 
     def lines(self, encoder: Any, trained: dict[str, dict[str, str]]) -> list[str]:
         """A line per feature whose ids are written in another form (`other_form`) than `trained`
@@ -278,6 +298,18 @@ def checked_forms(value: Any) -> dict[str, dict[str, str]]:
     return {name: {k: rule[k] for k in ("form", "example", "type") if isinstance(rule.get(k), str)}
             for name, rule in value.items()
             if isinstance(name, str) and isinstance(rule, dict) and isinstance(rule.get("form"), str)}
+
+
+def checked_types(value: Any) -> dict[str, str]:
+    """A recorded `IdForms.column_types` as read from a file: feature -> Arrow type, each a text;
+    anything else (a hand-edited record) is left out, as a record without types is.
+
+    >>> checked_types({"item": "string", "user": 7, 3: "int64"}), checked_types(None)
+    ({'item': 'string'}, {})
+    """
+    if not isinstance(value, dict):
+        return {}
+    return {name: kind for name, kind in value.items() if isinstance(name, str) and isinstance(kind, str)}
 
 
 def changed_forms(spec: Any, columns: dict[str, str], trained: dict[str, dict[str, str]],

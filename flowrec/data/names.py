@@ -43,8 +43,11 @@ def inside(folder: Path, relative: object, what: str) -> Path:
     for part in relative.split("/"):
         plain_name(part, what)
     path = Path(folder) / relative
-    root = Path(folder).resolve()
-    if not path.resolve().is_relative_to(root):
+    try:
+        root, target = Path(folder).resolve(), path.resolve()
+    except (RuntimeError, OSError):  # a link loop: Python's RuntimeError (an OSError from 3.13), a traceback
+        raise DataError(f"{what}: {relative!r} is a link loop (its links lead back to themselves)") from None
+    if not target.is_relative_to(root):
         raise DataError(f"{what}: {relative!r} leads outside {folder} (a link?)")
     return path
 

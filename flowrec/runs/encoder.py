@@ -58,7 +58,8 @@ def adopt_encoder(spec: ModelSpec, folder: Path, train: Any, evaluation: Any | N
         check_same_encoder(parents, record, f"training data {_where(train)}", extension=True)
         for line in changed_forms(spec, record.columns, parents.id_forms, record.id_forms):
             status(f"warning: training data {_where(train)}: {line}")
-        record = replace(record, id_forms={**record.id_forms, **parents.id_forms})
+        record = replace(record, id_forms={**record.id_forms, **parents.id_forms},
+                         id_types={**record.id_types, **parents.id_types})
     for line in eval_form_lines(spec, record, evaluation):
         status(line)
     if resuming and (target / ENCODER_FILE).is_file():

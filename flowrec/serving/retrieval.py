@@ -39,7 +39,7 @@ from flowrec.data.encoder_record import EncoderRecord
 from flowrec.data.layout import is_multi
 from flowrec.runtime.evaluation.scores import head_columns
 from flowrec.runtime.retrieval import catalogue_ids, catalogue_vectors
-from flowrec.serving.retrieval_index import HEADS_FILE, INDEX_FILE, ITEMS_FILE, faiss_module, for_index
+from flowrec.serving.retrieval_index import HEADS_FILE, INDEX_FILE, ITEMS_FILE, faiss_module, for_index, id_type
 
 EXAMPLE_BATCH = 4  # rows of the example inputs the query program is traced with (the batch is dynamic)
 
@@ -136,22 +136,37 @@ class RetrievalExport:
 
 INDEX_CHOICES = ("auto", "exact", "faiss")  # `flowrec export --index`
 INTEGER_ID = re.compile(r"^(0|-?[1-9][0-9]{0,18})$")  # an integer as a number column writes it (no 007, no +7)
+WRITTEN_INTEGER = re.compile(r"^(0|-?[1-9][0-9]*)$")  # any integer so written (uint64's 20 digits too)
 
 
-def item_ids(raw: list[str | None]) -> pa.Array:
-    """The raw item ids of items.parquet, in the type the training rows wrote them: int64 where
-    every fitted id is an integer as a number column writes it (MovieLens's, a CSV's integer
-    column: recommend then gives ints, which join back to the rows' own int item column), else
-    text (zero-padded ids, words). The vocabulary holds every id as text, so the form of the ids
-    tells the type.
+def item_ids(raw: list[str | None], read_as: str | None = None) -> pa.Array:
+    """The raw item ids of items.parquet, in the type the training rows held them in: `read_as`,
+    the Arrow type a Parquet source held the item column in (`EncoderRecord.id_types`): text for
+    a string column, even of digits ("123", which int64 would no longer join back to), that
+    integer type for an integer column. Without one (CSV rows, whose ids have no type but their
+    spelling; a record of before types were recorded; a type of no id kind, as float or date)
+    int64 where every fitted id is an integer as a number column writes it (MovieLens's, a CSV's
+    integer column read by pandas: then ints, which join back to the rows' own int item column),
+    else text (zero-padded ids, words). The vocabulary holds every id as text.
 
     >>> item_ids(["286", None, "-3"]).type, item_ids(["286", "007"]).type
     (DataType(int64), DataType(string))
+    >>> item_ids(["286", "77"], "string").type, item_ids(["286", "77"], "int32").type
+    (DataType(string), DataType(int32))
     """
+    kind = id_type(read_as)
+    if kind is not None and pa.types.is_string(kind):
+        return pa.array(raw, pa.string())
     named = [v for v in raw if v is not None]
+    if kind is not None and all(WRITTEN_INTEGER.match(v) for v in named):
+        try:  # (an id past the recorded type: a hand-edited record; the guess below)
+            return pa.array([None if v is None else int(v) for v in raw], kind)
+        except (OverflowError, pa.ArrowInvalid):
+            pass
     if named and all(INTEGER_ID.match(v) and -(1 << 63) <= int(v) < (1 << 63) for v in named):
         return pa.array([None if v is None else int(v) for v in raw], pa.int64())
     return pa.array(raw, pa.string())
+
 
 def retrieval_export(trained: Any, encoder: EncoderRecord, index: str = "auto") -> RetrievalExport | None:
     """The retrieval part of a run's package (None without a retrieval head).
@@ -177,12 +192,13 @@ def retrieval_export(trained: Any, encoder: EncoderRecord, index: str = "auto") 
     kind = "exact" if index == "exact" or (index == "auto" and faiss_module() is None) else "faiss_flat_ip"
     vectors = catalogue_vectors(trained.model, binding).cpu().numpy().astype(np.float32)
     raw = catalogue_ids(encoder, binding.table, len(vectors)) or [None] * len(vectors)
+    read_as = encoder.id_types.get(binding.item_feature)  # (none: a CSV's, or a record of before types)
     spec_head = trained.spec.heads[binding.head]
     columns = head_columns(trained.model.head_widths)[binding.head]
     start, half = columns.start, (columns.stop - columns.start) // 2
     others = [i for i in range(len(trained.spec.heads)) if i != binding.head]
     everything = head_columns(trained.model.head_widths)
     return RetrievalExport(spec_head.name, binding.item_feature, binding.attrs["metric"],
-                           float(binding.attrs["temperature"]), vectors, item_ids(raw), kind,
+                           float(binding.attrs["temperature"]), vectors, item_ids(raw, read_as), kind,
                            (start, start + half), tuple(trained.spec.heads[i].name for i in others),
                            tuple((everything[i].start, everything[i].stop) for i in others))

@@ -27,6 +27,28 @@ HEADS_FILE = "heads.pt2"  # the scores of the heads beside the retrieval head (`
 INDEX_KINDS = ("exact", "faiss_flat_ip")
 
 
+def id_type(read_as: str | None) -> pa.DataType | None:
+    """The type items.parquet gives ids of a source column read as `read_as` (an Arrow type's
+    text): string for text (string, large string, string view, a dictionary of text), the integer
+    type for integers; None (the guess) for anything else.
+
+    >>> id_type("dictionary<values=string, indices=int32, ordered=0>"), id_type("uint16"), id_type("double")
+    (DataType(string), DataType(uint16), None)
+    """
+    if not isinstance(read_as, str):
+        return None
+    if read_as in ("string", "large_string", "string_view", "utf8", "large_utf8") or \
+            (read_as.startswith("dictionary<values=") and
+             read_as.split("=", 1)[1].split(",", 1)[0] in ("string", "large_string", "string_view")):
+        return pa.string()
+    if read_as in INTEGER_TYPES:
+        return pa.type_for_alias(read_as)
+    return None
+
+
+INTEGER_TYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+
+
 def faiss_module() -> Any:
     """faiss, when the optional `ann` extra is installed, else None."""
     try:
@@ -70,15 +92,19 @@ class ItemIndex:
         return best.indices.numpy(), best.values.numpy()
 
 
-def load_items(path: Path, manifest: dict[str, Any], spec: Any) -> ItemIndex:
-    """The items (and index) of a retrieval package, checked against its manifest and spec.
+def load_items(path: Path, manifest: dict[str, Any], spec: Any, vocabs: dict[str, pa.Array] | None = None,
+               id_types: dict[str, str] | None = None) -> ItemIndex:
+    """The items (and index) of a retrieval package, checked against its manifest, spec and encoder.
 
     The manifest is not digest-checked (it holds the digests), so each of its retrieval fields is
-    checked against the spec or the items file before use.
+    checked against the spec or the items file before use; the items' ids against the encoder's
+    (`vocabs`: table -> vocabulary; `id_types`: feature -> the type its training column was read
+    as, `EncoderRecord.id_types`), as export writes them (`check_item_ids`), where `vocabs` is given.
 
     Raises:
         ValueError: a missing or mismatched items file or index (kind, metric, temperature, item
-            feature, size, dimension), or items that cannot be scored, one line.
+            feature, size, dimension), ids that are not the encoder's, or items that cannot be
+            scored, one line.
     """
     entry = manifest.get("retrieval")
     if not isinstance(entry, dict):
@@ -101,7 +127,11 @@ def load_items(path: Path, manifest: dict[str, Any], spec: Any) -> ItemIndex:
     kind = index.get("kind")
     if kind not in INDEX_KINDS:
         raise ValueError(f"{path}: index kind {kind!r} is not one this flowrec reads ({', '.join(INDEX_KINDS)})")
-    raw_items, vectors = _read_items(path / ITEMS_FILE, items, dim)
+    ids, vectors = _read_items(path / ITEMS_FILE, items, dim)
+    if vocabs is not None:
+        table = next(f.table for f in spec.sparse_features if f.name == entry["item_feature"])
+        check_item_ids(path / ITEMS_FILE, ids, vocabs.get(table), (id_types or {}).get(entry["item_feature"]))
+    raw_items = ids.to_pylist()
     named = [i for i, item in enumerate(raw_items) if item is not None]  # a row no raw value was fitted
     if len(named) < len(raw_items):  # to (a spare row, or one the data left free) is no item to serve
         raw_items, vectors = [raw_items[i] for i in named], np.ascontiguousarray(vectors[named])
@@ -122,9 +152,9 @@ def _item_feature(modules: dict[str, Any], features: set[str], token: str) -> st
     return token
 
 
-def _read_items(file: Path, items: int, dim: int) -> tuple[list[Any], np.ndarray]:
-    """The raw ids and vectors of items.parquet: `items` distinct ids (or nulls), each with `dim`
-    finite float32 values.  # list of V ids, (V, D) float32
+def _read_items(file: Path, items: int, dim: int) -> tuple[pa.Array, np.ndarray]:
+    """The raw ids and vectors of items.parquet: `items` distinct ids (or nulls), integers or text,
+    each with `dim` finite float32 values.  # (V,) ids, (V, D) float32
 
     Raises:
         ValueError: the file does not hold them (one line).
@@ -145,8 +175,40 @@ def _read_items(file: Path, items: int, dim: int) -> tuple[list[Any], np.ndarray
     flat = vector.flatten().to_numpy(zero_copy_only=False).astype(np.float64)
     if not np.isfinite(flat).all() or (np.abs(flat) > np.finfo(np.float32).max).any():
         raise ValueError(f"{file}: item vectors hold values that are not finite float32 numbers")
-    ids = table.column("item").to_pylist()
-    named = [i for i in ids if i is not None]  # null: a row no raw value was fitted to (spare, synthetic)
-    if len(set(named)) != len(named):
+    ids = table.column("item").combine_chunks()
+    if pa.types.is_dictionary(ids.type):
+        ids = ids.dictionary_decode()
+    if not (pa.types.is_integer(ids.type) or pa.types.is_string(ids.type) or pa.types.is_large_string(ids.type)):
+        # (a list or struct was a TypeError traceback; floats, bools and bytes came back as such items)
+        raise ValueError(f"{file}: column item holds {ids.type}, not item ids (integers or text, as export writes "
+                         "them); export the run again")
+    named = ids.drop_null()  # null: a row no raw value was fitted to (spare, synthetic)
+    if len(pc.unique(named)) != len(named):
         raise ValueError(f"{file}: the item ids are not distinct")
     return ids, np.ascontiguousarray(flat.reshape(items, dim), dtype=np.float32)
+
+
+def check_item_ids(file: Path, ids: pa.Array, vocab: pa.Array | None, read_as: str | None) -> None:
+    """Raise ValueError (one line) unless `ids` (items.parquet's) are what export writes: row r's
+    id is the item vocabulary's row r + 1 (null past it, or without a vocabulary), as text or an
+    integer written so, and in the type the training column was read as where the encoder
+    records it (`read_as`: text for a text column, even of digits). A package whose items name other
+    ids than its vocabulary gave them back as recommendations of the model's rows.
+
+    >>> check_item_ids(Path("items.parquet"), pa.array([12, None]), pa.array(["12"]), None)
+    >>> check_item_ids(Path("items.parquet"), pa.array([12, None]), pa.array(["12"]), "string")
+    Traceback (most recent call last):
+    ...
+    ValueError: items.parquet: its item ids are int64, where the training rows held the item column as string; export the run again
+    """
+    texts = ids.cast(pa.string())
+    known = pa.array([], pa.string()) if vocab is None else vocab.cast(pa.string())[:len(ids)]
+    want = pa.concat_arrays([known, pa.nulls(len(ids) - len(known), pa.string())])
+    if not texts.equals(want):
+        row = next(i for i, (a, b) in enumerate(zip(texts.to_pylist(), want.to_pylist())) if a != b)
+        raise ValueError(f"{file}: its item ids are not the package's vocabulary of the item table (row {row} "
+                         f"holds {ids[row].as_py()!r:.40}, the vocabulary {want[row].as_py()!r:.40}); export the run again")
+    kind = id_type(read_as)
+    if kind is not None and not (ids.type == kind or pa.types.is_string(kind) and pa.types.is_large_string(ids.type)):
+        raise ValueError(f"{file}: its item ids are {ids.type}, where the training rows held the item column as "
+                         f"{read_as}; export the run again")
