@@ -105,6 +105,9 @@ def device_problem(name: str) -> str | None:
     return None
 
 
+NO_CUDA_NOTE = " (`flowrec doctor` shows the torch build and the devices it finds)"
+
+
 def resolve_device(name: str) -> torch.device:
     """auto -> cuda when available, else cpu; a bad name or cuda without CUDA is a clear error
     (RuntimeError, one line)."""
@@ -114,7 +117,8 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError("--device cuda was asked for, but CUDA is not available on this machine")
+        raise RuntimeError(f"--device {name} was asked for, but CUDA is not available on this machine: give "
+                           f"--device cpu or auto{NO_CUDA_NOTE}")
     return torch.device(name)
 
 

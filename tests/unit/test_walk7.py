@@ -1,0 +1,40 @@
+"""What a seventh walk of README.md and docs/guide.md found, as a new user: one test per defect
+(each fails on the code before its fix)."""
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from flowrec.runs.errors import RunError
+from flowrec.runs.plan import device_for_run
+from flowrec.spec import load_spec
+
+
+@pytest.mark.parametrize("hint", ["cuda", "cuda:1"])
+def test_a_specs_cuda_device_without_cuda_is_named_as_the_specs(repo: Path, monkeypatch, hint: str) -> None:
+    """`flowrec train my.yaml` of a spec with `plan: {device: cuda}` on a machine without CUDA, no
+    --device given, said "--device cuda was asked for": a flag the user never gave."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    spec = load_spec(repo / "specs" / "movielens.yaml")
+    spec = replace(spec, plan=replace(spec.plan, device=hint))
+    with pytest.raises(RunError) as err:
+        device_for_run(spec, "auto")
+    message = str(err.value)
+    assert message.startswith(f"the spec's plan.device is {hint}, but CUDA is not available"), message
+    assert "--device cpu" in message and "plan.device: auto" in message
+    assert device_for_run(spec, "cpu") == torch.device("cpu")  # --device cpu overrides the spec's hint
+
+
+@pytest.mark.parametrize("given", ["cuda", "cuda:1"])
+def test_device_cuda_without_cuda_says_what_to_give_instead(repo: Path, monkeypatch, given: str) -> None:
+    """`--device cuda` (the guide's `flowrec train ... --device cuda`) on a machine without CUDA
+    said only that CUDA is missing, and called `cuda:1` `cuda`."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RunError) as err:
+        device_for_run(load_spec(repo / "specs" / "movielens.yaml"), given)
+    message = str(err.value)
+    assert message.startswith(f"--device {given} was asked for"), message
+    assert "give --device cpu or auto" in message
