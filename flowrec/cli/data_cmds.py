@@ -23,8 +23,19 @@ if TYPE_CHECKING:
     from flowrec.data.vocab_growth import TableGrowth
 
 
+DATA_HELP = """Convert, synthesise, profile and inspect flowrec datasets (encoded Parquet).
+
+\b
+Examples:
+  flowrec data convert csv clicks.csv data/clicks/ --spec my_model.yaml --test-fraction 0.1
+  flowrec data synth specs/wide_1000.yaml --rows 50000 --out data/wide/
+  flowrec data profile specs/dlrm_criteo.yaml data/criteo/ --budget 2GiB --json profile.json
+  flowrec data inspect data/clicks/
+  flowrec data COMMAND --help              # its options and examples
+"""
+
 data_app = typer.Typer(
-    help="Convert, synthesise, profile and inspect flowrec datasets (encoded Parquet).",
+    help=DATA_HELP,
     cls=OneLineErrorsGroup,
     no_args_is_help=True,
 )

@@ -38,3 +38,31 @@ def test_device_cuda_without_cuda_says_what_to_give_instead(repo: Path, monkeypa
     message = str(err.value)
     assert message.startswith(f"--device {given} was asked for"), message
     assert "give --device cpu or auto" in message
+
+
+@pytest.mark.parametrize("group, commands", [
+    ([], ["train", "validate", "plan", "data convert", "eval", "export", "predict"]),
+    (["data"], ["convert", "synth", "profile", "inspect"]),
+])
+@pytest.mark.parametrize("columns", [80, 120])
+def test_the_group_helps_have_examples_too(group: list[str], commands: list[str], columns: int) -> None:
+    """README: "Every command has a `--help` with examples"; `flowrec --help`, the first thing a new
+    user types, and `flowrec data --help` had none: each now shows the README's path from a spec to
+    scores, one example a line."""
+    from typer.testing import CliRunner
+
+    from flowrec.cli import app, data_cmds, help_layout
+
+    kept = app.rich_markup_mode, data_cmds.data_app.rich_markup_mode
+    for typer_app in (app, data_cmds.data_app):
+        typer_app.rich_markup_mode = help_layout(columns)
+    try:
+        shown = CliRunner().invoke(app, [*group, "--help"], env={"COLUMNS": str(columns)}, terminal_width=columns)
+    finally:
+        app.rich_markup_mode, data_cmds.data_app.rich_markup_mode = kept
+    assert shown.exit_code == 0, shown.output
+    lines = [line.strip(" │") for line in shown.output.splitlines()]
+    assert "Examples:" in lines, shown.output
+    prefix = " ".join(["flowrec", *group])
+    for command in commands:
+        assert any(line.startswith(f"{prefix} {command} ") for line in lines), (command, shown.output)
