@@ -66,3 +66,25 @@ def test_the_group_helps_have_examples_too(group: list[str], commands: list[str]
     prefix = " ".join(["flowrec", *group])
     for command in commands:
         assert any(line.startswith(f"{prefix} {command} ") for line in lines), (command, shown.output)
+
+
+@pytest.mark.parametrize("starting_from", [False, True])
+def test_resuming_a_run_with_another_spec_names_both_specs_first(repo: Path, starting_from: bool) -> None:
+    """`flowrec train specs/movielens.yaml --resume runs/first` (a run of my_model.yaml) listed
+    the first three features that differ as JSON fragments ("features[user] {"name": "user",
+    "pooling": ... in the run, not there in the spec; ...") and never said that the run is of
+    another spec: the names of both come first."""
+    import json
+
+    from flowrec.runs.changes import changed_model_line
+    from flowrec.spec.load import to_dict
+
+    trained = load_spec(repo / "specs" / "dlrm_criteo.yaml")
+    given = load_spec(repo / "specs" / "movielens.yaml")
+    line = changed_model_line("runs/first", {"spec": json.dumps(to_dict(trained))}, given, starting_from)
+    named = "the run in runs/first was trained with (a run of spec 'dlrm_criteo'; this spec is 'movielens'): "
+    assert named in line, line
+    assert "(compare the spec with runs/first/spec.json)" in line
+    same_name = replace(given, name="dlrm_criteo")
+    assert "a run of spec" not in changed_model_line("runs/first", {"spec": json.dumps(to_dict(trained))},
+                                                     same_name, starting_from)
