@@ -88,3 +88,37 @@ def test_resuming_a_run_with_another_spec_names_both_specs_first(repo: Path, sta
     same_name = replace(given, name="dlrm_criteo")
     assert "a run of spec" not in changed_model_line("runs/first", {"spec": json.dumps(to_dict(trained))},
                                                      same_name, starting_from)
+
+
+def _help_records_of_every_command():
+    """(command, option, its --help text as shown) of every option of every command."""
+    import typer.main
+
+    from flowrec.cli import app
+
+    def walk(command, path):
+        if hasattr(command, "commands"):  # a group (typer's own click, not the click package's classes)
+            for name, sub in command.commands.items():
+                yield from walk(sub, [*path, name])
+        else:
+            yield path, command
+
+    for path, command in walk(typer.main.get_command(app), []):
+        context = command.make_context(" ".join(path), [], resilient_parsing=True)
+        for param in command.params:
+            record = param.get_help_record(context)
+            if record is not None and param.opts[0].startswith("--"):
+                yield " ".join(path), param.opts[0], record[1]
+
+
+def test_no_option_states_its_default_twice() -> None:
+    """`flowrec train --help` read "... Default: 1. [default: 1]" (--nproc), "Default: 300.
+    [default: 300.0]" (--dist-timeout), and so for --max-restarts, --follow-wait and --follow-order:
+    an option whose help says its default does not have click append it again."""
+    import re
+
+    records = list(_help_records_of_every_command())
+    assert len({command for command, _, _ in records}) >= 12 and len(records) > 80
+    twice = [f"{command} {option}" for command, option, text in records
+             if "[default:" in text and re.search(r"\bdefault\b", text.split("[default:")[0], re.IGNORECASE)]
+    assert not twice, twice
