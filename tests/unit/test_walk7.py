@@ -153,3 +153,19 @@ def test_data_inspect_lists_features_in_column_order(tmp_path: Path) -> None:
     warned = [w.split(":")[0] for w in info["warnings"] if "hashing merges" in w]
     assert len(warned) >= 6, info["warnings"]  # 5 rows for hundreds of distinct values: most merge
     assert warned == [n for n in names if n in warned]
+
+
+@pytest.mark.parametrize("rows", [300, 900, 5000])
+def test_a_profile_of_every_row_does_not_advise_a_higher_sample_rate(rows: int) -> None:
+    """`flowrec data profile specs/dlrm_criteo.yaml data/criteo/` on the 1,000-row Criteo head
+    (the guide's session) samples every row and warned "raise --sample-rate or profile more data":
+    a higher rate samples nothing more; only more data helps, and the line says so."""
+    import numpy as np
+
+    from flowrec.data.profile import sample_warnings
+
+    rate = float(np.random.default_rng().uniform(0.5, 1.0))
+    every = sample_warnings(rows, rows, 1.0, 4096)
+    assert every and all("--sample-rate" not in w and "profile more data" in w for w in every), every
+    part = sample_warnings(int(rows * rate) - 1, rows, rate, 4096)  # a part of the rows: a higher rate helps
+    assert part and all("raise --sample-rate" in w for w in part), part
