@@ -747,6 +747,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
         _say(f"run folder {folder}; if it stops, continue with  {resume_cmd}")
         if world is not None:
             _say(f"{world.size} ranks: {_sharding_line(session.plan)}")
+        first_step = trainer.position.step  # a resumed run's step count goes on from here
         result = trainer.fit(session.train, session.eval, hooks=hooks)
     except (DataError, CheckpointError, MetricsError, RunFolderError, TrainingStopped) as exc:
         fail(str(exc))
@@ -776,7 +777,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
         forget_kept_sample()  # a run that stopped before its hot set was chosen holds no sample
     if not trainer.lead:
         return
-    _report(result, folder, request.json_out, request.json_lines)
+    _report(result, folder, request.json_out, request.json_lines, first_step)
     if request.report:
         from flowrec.runtime.run_report import run_report
 
@@ -1094,13 +1095,17 @@ def _listing(folder: Path) -> list[str]:
         return []
 
 
-def _report(result, run_dir: Path, json_out: bool, json_lines: bool = False) -> None:
+def _report(result, run_dir: Path, json_out: bool, json_lines: bool = False, first_step: int = 0) -> None:
     """The closing lines of a run, and with `json_out` its result as JSON on stdout: indented, or
     on one line (`json_lines`: a --follow stream's days, a JSON Lines stream, where indented
-    documents one after the other were no JSON a reader could load)."""
+    documents one after the other were no JSON a reader could load). `first_step`: the step a
+    resumed run went on from (its samples and seconds are those of the steps after it)."""
     from dataclasses import asdict
 
-    lines = [f"steps {result.steps}, {result.samples:,} samples in {result.seconds:.1f} s "
+    steps = f"steps {result.steps}"
+    if first_step:  # the run's step count, where samples and seconds are this session's
+        steps += f" ({result.steps - first_step:,} since the resume at step {first_step:,})"
+    lines = [f"{steps}, {result.samples:,} samples in {result.seconds:.1f} s "
              f"({result.samples_per_s:,.0f} samples/s)"]
     if result.stopped_early:
         lines.append(f"stopped early at step {result.steps}; best checkpoint (step {result.best_step}): "

@@ -169,3 +169,26 @@ def test_a_profile_of_every_row_does_not_advise_a_higher_sample_rate(rows: int) 
     assert every and all("--sample-rate" not in w and "profile more data" in w for w in every), every
     part = sample_warnings(int(rows * rate) - 1, rows, rate, 4096)  # a part of the rows: a higher rate helps
     assert part and all("raise --sample-rate" in w for w in part), part
+
+
+@pytest.mark.parametrize("first_step", [0, 18, 395])
+def test_a_resumed_runs_closing_line_says_which_steps_its_samples_are(tmp_path: Path, capsys,
+                                                                     first_step: int) -> None:
+    """`flowrec train SPEC --resume runs/ml2 --epochs 6` (the guide's scale-out lines) closed with
+    "steps 474, 79,967 samples in 3.3 s": 474 steps of the run, the samples and seconds of the 79
+    steps since the resume; a resumed run's line says so."""
+    import numpy as np
+
+    from flowrec.cli.train_cmds import _report
+    from flowrec.runtime.trainer import TrainResult
+
+    rng = np.random.default_rng()
+    here = int(rng.integers(1, 500))
+    samples = here * int(rng.integers(16, 4096))
+    seconds = float(rng.uniform(0.5, 60.0))
+    result = TrainResult(first_step + here, samples, seconds, samples / seconds, float(rng.uniform(0.1, 1.0)))
+    _report(result, tmp_path, json_out=False, first_step=first_step)
+    line = capsys.readouterr().err.splitlines()[0]
+    assert line.startswith(f"steps {first_step + here}")
+    assert f"{samples:,} samples in {seconds:.1f} s" in line
+    assert (f"({here:,} since the resume at step {first_step:,})" in line) == (first_step > 0), line
