@@ -358,7 +358,10 @@ def bound_dataset(spec: ModelSpec, spec_path: Path, workdir: Path | None,
     if spec.data.format == "parquet":
         return raw
     if not raw.exists():
-        raise DataError(f"the spec's data binding points to {raw}, which does not exist")
+        raise DataError(f"the spec's data binding points to {raw}, which does not exist: put the data there "
+                        f"(data.path {spec.data.path} is relative to the spec's folder), give --data DIR (a dataset "
+                        "`flowrec data convert` wrote), or train on synthetic rows (--rows N) with a copy of the "
+                        "spec without data.path")
     out = (workdir or Path("runs") / spec.name) / "data"
 
     def encoded() -> bool:

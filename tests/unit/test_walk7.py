@@ -192,3 +192,29 @@ def test_a_resumed_runs_closing_line_says_which_steps_its_samples_are(tmp_path: 
     assert line.startswith(f"steps {first_step + here}")
     assert f"{samples:,} samples in {seconds:.1f} s" in line
     assert (f"({here:,} since the resume at step {first_step:,})" in line) == (first_step > 0), line
+
+
+def test_a_spec_whose_bound_data_is_missing_says_how_to_train_it_anyway(repo: Path, tmp_path: Path) -> None:
+    """README: without ../shared/data, "train any spec on synthetic data with --rows N"; but
+    `flowrec train specs/movielens.yaml --rows 1000` there said --rows is ignored and then only
+    "the spec's data binding points to .../movielens-100k, which does not exist". The line says
+    what to do: put the data there, give --data, or drop data.path from a copy to train on
+    synthetic rows, and that copy is a spec that binds no data."""
+    import re
+
+    from flowrec.data.layout import DataError
+    from flowrec.runtime.session import bound_dataset
+
+    (tmp_path / "specs").mkdir()
+    text = (repo / "specs" / "movielens.yaml").read_text(encoding="utf-8")
+    spec_file = tmp_path / "specs" / "movielens.yaml"
+    spec_file.write_text(text, encoding="utf-8")
+    with pytest.raises(DataError) as err:
+        bound_dataset(load_spec(spec_file), spec_file, tmp_path / "run", lambda line: None)
+    message = str(err.value)
+    assert "which does not exist: put the data there" in message, message
+    assert "--data DIR" in message and "--rows N" in message and "without data.path" in message
+    assert "relative to the spec's folder" in message
+    unbound = tmp_path / "specs" / "synthetic.yaml"
+    unbound.write_text(re.sub(r"\n  path: [^\n]*", "", text), encoding="utf-8")
+    assert not load_spec(unbound).data.bound  # the copy the line describes trains on synthetic rows
