@@ -1260,11 +1260,12 @@ def _write_metrics(metrics: dict, json_out: Optional[str], quiet: bool = False, 
     text = json.dumps(jsonable(metrics), indent=2, sort_keys=True) + "\n"
     if json_out == "-":
         sys.stdout.write(text)
-        return
-    for line in [] if quiet else metrics_table(metrics):
+    for line in [] if quiet or json_out == "-" else metrics_table(metrics):
         typer.echo(line)
-    for line in undefined_notes(metrics):  # a '-' (or a null) of one class of labels, said once
+    for line in undefined_notes(metrics):  # a '-' (or a null, on stderr beside --json -) of one class of labels
         warn(line)
+    if json_out == "-":
+        return
     if json_out is not None:
         from flowrec.data.output_guard import OutputError, atomic_output
 

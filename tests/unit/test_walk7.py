@@ -218,3 +218,26 @@ def test_a_spec_whose_bound_data_is_missing_says_how_to_train_it_anyway(repo: Pa
     unbound = tmp_path / "specs" / "synthetic.yaml"
     unbound.write_text(re.sub(r"\n  path: [^\n]*", "", text), encoding="utf-8")
     assert not load_spec(unbound).data.bound  # the copy the line describes trains on synthetic rows
+
+
+@pytest.mark.parametrize("label", [0, 1])
+def test_eval_json_to_stdout_still_says_why_a_metric_is_null(capsys, label: int) -> None:
+    """`flowrec eval runs/first --data data/clicks/test --json -` (README's own-data section) on a
+    test split whose labels are all one class printed auc, pr_auc, ne, calibration as null and
+    nothing else: the table's warning ("every evaluation label is 0 ...: ... null in JSON") was left
+    out with --json -. It goes to stderr there; stdout stays the JSON alone."""
+    import json
+
+    import numpy as np
+
+    from flowrec.cli.train_cmds import _write_metrics
+
+    rng = np.random.default_rng()
+    rows = int(rng.integers(2, 500))
+    metrics = {"click": {"auc": float("nan"), "pr_auc": float("nan") if label == 0 else 1.0,
+                         "logloss": float(rng.uniform(0.05, 2.0)), "ne": float("nan"),
+                         "calibration": float("nan"), "samples": rows}}
+    _write_metrics(metrics, "-")
+    out, err = capsys.readouterr()
+    assert json.loads(out)["click"]["auc"] is None and json.loads(out)["click"]["samples"] == rows
+    assert f"every evaluation label is {label} ({rows:,} row" in err, err
