@@ -24,6 +24,7 @@ from flowrec.planner.targets import spec_target_profile, target_for_device
 from flowrec.runs.errors import RunError
 from flowrec.runtime.session import NO_CUDA_NOTE, resolve_device
 from flowrec.spec.model import ModelSpec
+from flowrec.spec.units import counted
 from operators.device import device_name
 
 
@@ -120,7 +121,7 @@ def plan_for_run(spec: ModelSpec, device_name: str, device_budget: str | None, p
                 from flowrec.data.profile import forget_kept_sample
 
                 forget_kept_sample()  # no hot set to choose: nothing takes the sample
-        status(f"plan: {plan_file} (target {plan.target}, {len(plan.meta.groups)} packed groups)")
+        status(f"plan: {plan_file} (target {plan.target}, {counted(len(plan.meta.groups), 'packed group')})")
         if (written := other_writer(plan)) is not None:
             status(f"plan: {plan_file} was {written}")
         here = cost_target(device)

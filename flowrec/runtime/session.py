@@ -134,7 +134,7 @@ def prepare(spec: ModelSpec, spec_path: Path, opts: SessionOptions, plan: Plan, 
     for g in plan.meta.groups:
         if PLACEMENTS[g.placement].cached:
             status(f"group {g.name}: placement {g.placement} with {g.cache_rows:,} device rows")
-    status(f"building model on {device} ({len(plan.meta.groups)} packed groups)")
+    status(f"building model on {device} ({counted(len(plan.meta.groups), 'packed group')})")
     slow = precision_note(spec.training.precision, device)
     if slow:
         status(f"warning: {slow}")

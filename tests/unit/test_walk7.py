@@ -241,3 +241,27 @@ def test_eval_json_to_stdout_still_says_why_a_metric_is_null(capsys, label: int)
     out, err = capsys.readouterr()
     assert json.loads(out)["click"]["auc"] is None and json.loads(out)["click"]["samples"] == rows
     assert f"every evaluation label is {label} ({rows:,} row" in err, err
+
+
+def test_building_one_packed_group_is_said_in_the_singular(repo: Path, monkeypatch) -> None:
+    """Every run of the README (the default DLRM job, MovieLens, the own-data CSV) began with
+    "building model on cpu (1 packed groups)"."""
+    from flowrec.planner.manager import make_plan
+    from flowrec.runtime import lowering as lowering_mod
+    from flowrec.runtime import session as session_mod
+    from flowrec.runtime.session import SessionOptions, prepare
+
+    spec_path = repo / "specs" / "dlrm_criteo.yaml"
+    spec = load_spec(spec_path)
+    plan = make_plan(spec, target="cpu")
+    assert len(plan.meta.groups) == 1
+
+    def stop(group, seed, dev):
+        raise KeyError("stopped after the status line")
+
+    monkeypatch.setattr(lowering_mod, "group_embedding", stop)
+    monkeypatch.setattr(session_mod, "synthetic_sources", lambda *a: (None, None, "synthetic"))
+    said: list[str] = []
+    with pytest.raises(KeyError):
+        prepare(spec, spec_path, SessionOptions(), plan, torch.device("cpu"), said.append)
+    assert "building model on cpu (1 packed group)" in said, said
