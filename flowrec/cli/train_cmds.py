@@ -783,7 +783,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
 
         spec = session.spec
         for line in run_report(result, session.plan, spec.training.batch_size, len(spec.dense_features),
-                               len(spec.heads)):
+                               len(spec.heads), first_step):
             _say(line)
     if result.interrupted:
         _say(f"interrupted: checkpoint saved; continue with  {resume_cmd}")

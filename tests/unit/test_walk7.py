@@ -265,3 +265,34 @@ def test_building_one_packed_group_is_said_in_the_singular(repo: Path, monkeypat
     with pytest.raises(KeyError):
         prepare(spec, spec_path, SessionOptions(), plan, torch.device("cpu"), said.append)
     assert "building model on cpu (1 packed group)" in said, said
+
+
+@pytest.mark.parametrize("first_step", [0, 24, 395])
+def test_report_of_a_resumed_run_times_the_steps_it_trained(repo: Path, first_step: int) -> None:
+    """`flowrec train my_model.yaml --resume runs/first --epochs 5 --report` trained 6 steps in
+    0.8 s and reported "report (30 steps ...)" and a step of 26.4 ms wall: the session's seconds over
+    the run's 30 steps, 5x too fast. Its times (and the transfer bytes per step) are per step since
+    the resume, and the header says which steps those are."""
+    import numpy as np
+
+    from flowrec.planner.manager import make_plan
+    from flowrec.runtime.run_report import run_report
+    from flowrec.runtime.trainer import TrainResult
+    from flowrec.spec.units import format_bytes
+
+    rng = np.random.default_rng()
+    spec = load_spec(repo / "specs" / "movielens.yaml")
+    plan = make_plan(spec, target="h100")
+    here = int(rng.integers(2, 300))
+    seconds, compute = float(rng.uniform(1.0, 30.0)), float(rng.uniform(0.2, 0.9))
+    sent = int(rng.integers(10**5, 10**9))
+    samples = here * spec.training.batch_size
+    result = TrainResult(first_step + here, samples, seconds, samples / seconds, None,
+                         stage_seconds={"compute": seconds * compute}, transfer_bytes=sent)
+    lines = run_report(result, plan, spec.training.batch_size, len(spec.dense_features), len(spec.heads), first_step)
+    since = f" since the resume at step {first_step:,}" if first_step else ""
+    assert lines[0].startswith(f"report ({here:,} steps{since}, batch "), lines[0]
+    step_line = next(line for line in lines if "step time" in line)
+    assert f"{seconds / here * 1e3:9.2f} ms wall" in step_line, step_line
+    assert f"{seconds * compute / here * 1e3:9.2f} ms compute" in step_line, step_line
+    assert f"measured {format_bytes(sent / here)} per step" in next(line for line in lines if "host->device" in line)
