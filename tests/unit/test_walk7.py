@@ -296,3 +296,35 @@ def test_report_of_a_resumed_run_times_the_steps_it_trained(repo: Path, first_st
     assert f"{seconds / here * 1e3:9.2f} ms wall" in step_line, step_line
     assert f"{seconds * compute / here * 1e3:9.2f} ms compute" in step_line, step_line
     assert f"measured {format_bytes(sent / here)} per step" in next(line for line in lines if "host->device" in line)
+
+
+def test_a_spec_or_a_runs_file_given_for_a_run_says_what_to_give(repo: Path, tmp_path: Path) -> None:
+    """`flowrec eval my_model.yaml` (the spec, for the run it trained; so export and --init-from)
+    said only "my_model.yaml is not a flowrec checkpoint (not a torch zip archive)"; and
+    `flowrec eval runs/first/spec.json` the same. The first is told to train the spec into a run,
+    the second to give the run folder; a damaged checkpoint.pt and other files keep the plain line."""
+    import numpy as np
+
+    from flowrec.runtime.checkpoint.format import CheckpointError
+    from flowrec.runtime.checkpoint.store import load_checkpoint
+
+    rng = np.random.default_rng()
+    spec = tmp_path / "my_model.yaml"
+    spec.write_text((repo / "specs" / "movielens.yaml").read_text(encoding="utf-8"), encoding="utf-8")
+    run = tmp_path / "runs" / "first"
+    run.mkdir(parents=True)
+    (run / "checkpoint.pt").write_bytes(rng.bytes(int(rng.integers(64, 4096))))  # damaged: not a zip
+    (run / "spec.json").write_text('{"name": "m"}', encoding="utf-8")
+    other = tmp_path / "clicks.csv"
+    other.write_text("y,a\n" + "".join(f"{int(rng.integers(0, 2))},{int(rng.zipf(1.5))}\n" for _ in range(20)))
+
+    def line(path: Path) -> str:
+        with pytest.raises(CheckpointError) as err:
+            load_checkpoint(path)
+        return str(err.value)
+
+    assert f"train it into a run first (`flowrec train {spec} --out RUN`)" in line(spec)
+    assert line(run / "spec.json").endswith(f"; give the run folder it lies in, {run}")
+    for plain in (run, run / "checkpoint.pt", other):
+        said = line(plain)
+        assert "not a flowrec checkpoint" in said and "give the run folder" not in said and "flowrec train" not in said
