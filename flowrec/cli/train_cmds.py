@@ -109,6 +109,9 @@ def train(
       flowrec train specs/dlrm_criteo.yaml --plan p.json   # a saved (edited) plan
       flowrec train specs/movielens.yaml --nproc 2         # two ranks on this machine
       flowrec train specs/movielens.yaml --resume runs/movielens --nproc 1   # continue on one
+      flowrec train my_model.yaml --data data/clicks/ --out runs/first   # your data: DIR/train, DIR/test
+      flowrec train my_model.yaml --init-from runs/first --data data/day2 --out runs/day2   # new data
+      flowrec train specs/managed_movielens.yaml --follow days/ --out runs/stream   # each day as it lands
     """
     full_every = _full_every(checkpoint_full_every)
     given = {"data": _text(data), "eval_data": _text(eval_data), "rows": rows, "seed": seed,
