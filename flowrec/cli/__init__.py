@@ -16,9 +16,24 @@ from flowrec.version import __version__
 from flowrec.cli import (calibrate_cmd, data_cmds, doctor_cmd, export_cmd, plan_cmd, predict_cmd, spec_cmds,
                          train_cmds)
 
+APP_HELP = """Declare, validate, plan and train recommendation models (wide-and-deep, DLRM, DCN, DIN, sequence transformers, two towers, MMoE / PLE, your own modules).
+
+\b
+Examples:
+  flowrec train specs/dlrm_criteo.yaml     # the default job, on rows drawn from the spec
+  flowrec validate my_model.yaml
+  flowrec plan my_model.yaml
+  flowrec data convert csv clicks.csv data/clicks/ --spec my_model.yaml --test-fraction 0.1
+  flowrec train my_model.yaml --data data/clicks/ --out runs/first
+  flowrec eval runs/first --data data/clicks/test
+  flowrec export runs/first pkg/first
+  flowrec predict pkg/first new_rows.csv --format csv --out scores.parquet
+  flowrec COMMAND --help                   # its options and examples
+"""
+
 app = typer.Typer(
     name="flowrec",
-    help="Declare, validate, plan and train recommendation models (wide-and-deep, DLRM, DCN, DIN, sequence transformers, two towers, MMoE / PLE, your own modules).",
+    help=APP_HELP,
     cls=OneLineErrorsGroup,
     no_args_is_help=True,
     add_completion=False,

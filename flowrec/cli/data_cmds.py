@@ -23,8 +23,19 @@ if TYPE_CHECKING:
     from flowrec.data.vocab_growth import TableGrowth
 
 
+DATA_HELP = """Convert, synthesise, profile and inspect flowrec datasets (encoded Parquet).
+
+\b
+Examples:
+  flowrec data convert csv clicks.csv data/clicks/ --spec my_model.yaml --test-fraction 0.1
+  flowrec data synth specs/wide_1000.yaml --rows 50000 --out data/wide/
+  flowrec data profile specs/dlrm_criteo.yaml data/criteo/ --budget 2GiB --json profile.json
+  flowrec data inspect data/clicks/
+  flowrec data COMMAND --help              # its options and examples
+"""
+
 data_app = typer.Typer(
-    help="Convert, synthesise, profile and inspect flowrec datasets (encoded Parquet).",
+    help=DATA_HELP,
     cls=OneLineErrorsGroup,
     no_args_is_help=True,
 )
@@ -115,7 +126,7 @@ def convert(
     spec: Path = typer.Option(..., "--spec", help="Model spec: features, tables, data.columns/options."),
     on_error: str = typer.Option("fail", "--on-error", help="Malformed rows: skip (count, report) or fail."),
     test_fraction: Optional[float] = typer.Option(None, help="Split off this fraction of the rows (0 <= x < 1) into OUT/test. Default: the spec's data.options.test_fraction, else no split."),
-    split_seed: Optional[int] = typer.Option(None, help="Seed of the train/test split."),
+    split_seed: Optional[int] = typer.Option(None, help="Seed of the train/test split, 0 .. 2^64-1 (a row's side is a hash of the seed and its values: the same seed, the same split). Default: the spec's data.options.split_seed, else 0."),
     rows_per_file: int = typer.Option(1 << 20, min=1, help="Rows per Parquet part file."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty OUT (atomically)."),

@@ -86,13 +86,13 @@ def train(
     report: bool = typer.Option(False, "--report", help="After training, show measured step time, stage seconds, host<->device bytes and hit rates next to the planner's predictions."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     json_out: bool = typer.Option(False, "--json", help="Print the final result as JSON on stdout (with --follow: one line of JSON per day trained); an undefined metric (NaN) is null, as in eval --json."),
-    nproc: int = typer.Option(1, "--nproc", min=1, help="Train on N local processes (ranks) through torch.distributed's launcher: row-wise sharded tables, data-parallel dense part, rank r trains slice r of every global batch (same parameters as one process, to rounding). For many nodes launch `torchrun ... -m flowrec train ...` instead. Default: 1."),
-    dist_timeout: float = typer.Option(300.0, "--dist-timeout", help="Seconds a rank waits for the others in a collective (1 .. 604800, a week): a rank that died or hung makes the others exit (status 4) within this time, naming themselves. Default: 300."),
-    max_restarts: int = typer.Option(0, "--max-restarts", min=0, help="With --nproc: restart every rank up to N times after a failure; the run continues from its last checkpoint. Default: 0."),
+    nproc: int = typer.Option(1, "--nproc", show_default=False, min=1, help="Train on N local processes (ranks) through torch.distributed's launcher: row-wise sharded tables, data-parallel dense part, rank r trains slice r of every global batch (same parameters as one process, to rounding). For many nodes launch `torchrun ... -m flowrec train ...` instead. Default: 1."),
+    dist_timeout: float = typer.Option(300.0, "--dist-timeout", show_default=False, help="Seconds a rank waits for the others in a collective (1 .. 604800, a week): a rank that died or hung makes the others exit (status 4) within this time, naming themselves. Default: 300."),
+    max_restarts: int = typer.Option(0, "--max-restarts", show_default=False, min=0, help="With --nproc: restart every rank up to N times after a failure; the run continues from its last checkpoint. Default: 0."),
     follow_dir: Optional[Path] = typer.Option(None, "--follow", help="Continuous training: train each day partition (an encoded dataset folder) under this folder in order of name (numbers as numbers: day2 before day10) into --out/days/<day>, each from the day before (--init-from), after scoring the day before's model on it (progressive validation in --out/metrics.jsonl); resumes a day cut short, never trains a day twice."),
-    follow_wait: float = typer.Option(0.0, "--follow-wait", help="With --follow: seconds to wait for a new day partition to land before stopping (0 .. 604800, a week). Default: 0 (stop when none is waiting)."),
+    follow_wait: float = typer.Option(0.0, "--follow-wait", show_default=False, help="With --follow: seconds to wait for a new day partition to land before stopping (0 .. 604800, a week). Default: 0 (stop when none is waiting)."),
     follow_once: bool = typer.Option(False, "--follow-once", help="With --follow: train at most one new day, then stop."),
-    follow_order: str = typer.Option("name", "--follow-order", help="With --follow: the order of the day partitions: `name` (default), or `date:COLUMN`, by the first date of COLUMN that conversion recorded for each day (data option date_column, or split_by) or of a stored numeric column COLUMN; ties by name."),
+    follow_order: str = typer.Option("name", "--follow-order", show_default=False, help="With --follow: the order of the day partitions: `name` (default), or `date:COLUMN`, by the first date of COLUMN that conversion recorded for each day (data option date_column, or split_by) or of a stored numeric column COLUMN; ties by name."),
     follow_export: bool = typer.Option(False, "--follow-export", help="With --follow: after each day, write its model package to --out/export/<day> (as `flowrec export`)."),
 ) -> None:
     """Train a spec end to end: plan, stage data, train, evaluate, checkpoint.
@@ -109,6 +109,9 @@ def train(
       flowrec train specs/dlrm_criteo.yaml --plan p.json   # a saved (edited) plan
       flowrec train specs/movielens.yaml --nproc 2         # two ranks on this machine
       flowrec train specs/movielens.yaml --resume runs/movielens --nproc 1   # continue on one
+      flowrec train my_model.yaml --data data/clicks/ --out runs/first   # your data: DIR/train, DIR/test
+      flowrec train my_model.yaml --init-from runs/first --data data/day2 --out runs/day2   # new data
+      flowrec train specs/managed_movielens.yaml --follow days/ --out runs/stream   # each day as it lands
     """
     full_every = _full_every(checkpoint_full_every)
     given = {"data": _text(data), "eval_data": _text(eval_data), "rows": rows, "seed": seed,
@@ -747,6 +750,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
         _say(f"run folder {folder}; if it stops, continue with  {resume_cmd}")
         if world is not None:
             _say(f"{world.size} ranks: {_sharding_line(session.plan)}")
+        first_step = trainer.position.step  # a resumed run's step count goes on from here
         result = trainer.fit(session.train, session.eval, hooks=hooks)
     except (DataError, CheckpointError, MetricsError, RunFolderError, TrainingStopped) as exc:
         fail(str(exc))
@@ -776,13 +780,13 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
         forget_kept_sample()  # a run that stopped before its hot set was chosen holds no sample
     if not trainer.lead:
         return
-    _report(result, folder, request.json_out, request.json_lines)
+    _report(result, folder, request.json_out, request.json_lines, first_step)
     if request.report:
         from flowrec.runtime.run_report import run_report
 
         spec = session.spec
         for line in run_report(result, session.plan, spec.training.batch_size, len(spec.dense_features),
-                               len(spec.heads)):
+                               len(spec.heads), first_step):
             _say(line)
     if result.interrupted:
         _say(f"interrupted: checkpoint saved; continue with  {resume_cmd}")
@@ -1108,13 +1112,17 @@ def _listing(folder: Path) -> list[str]:
         return []
 
 
-def _report(result, run_dir: Path, json_out: bool, json_lines: bool = False) -> None:
+def _report(result, run_dir: Path, json_out: bool, json_lines: bool = False, first_step: int = 0) -> None:
     """The closing lines of a run, and with `json_out` its result as JSON on stdout: indented, or
     on one line (`json_lines`: a --follow stream's days, a JSON Lines stream, where indented
-    documents one after the other were no JSON a reader could load)."""
+    documents one after the other were no JSON a reader could load). `first_step`: the step a
+    resumed run went on from (its samples and seconds are those of the steps after it)."""
     from dataclasses import asdict
 
-    lines = [f"steps {result.steps}, {result.samples:,} samples in {result.seconds:.1f} s "
+    steps = f"steps {result.steps}"
+    if first_step:  # the run's step count, where samples and seconds are this session's
+        steps += f" ({result.steps - first_step:,} since the resume at step {first_step:,})"
+    lines = [f"{steps}, {result.samples:,} samples in {result.seconds:.1f} s "
              f"({result.samples_per_s:,.0f} samples/s)"]
     if result.stopped_early:
         lines.append(f"stopped early at step {result.steps}; best checkpoint (step {result.best_step}): "
@@ -1270,11 +1278,12 @@ def _write_metrics(metrics: dict, json_out: Optional[str], quiet: bool = False, 
     text = json.dumps(jsonable(metrics), indent=2, sort_keys=True) + "\n"
     if json_out == "-":
         sys.stdout.write(text)
-        return
-    for line in [] if quiet else metrics_table(metrics):
+    for line in [] if quiet or json_out == "-" else metrics_table(metrics):
         typer.echo(line)
-    for line in undefined_notes(metrics):  # a '-' (or a null) of one class of labels, said once
+    for line in undefined_notes(metrics):  # a '-' (or a null, on stderr beside --json -) of one class of labels
         warn(line)
+    if json_out == "-":
+        return
     if json_out is not None:
         from flowrec.data.output_guard import OutputError, atomic_output
 

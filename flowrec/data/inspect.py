@@ -57,8 +57,20 @@ def inspect_dataset(path: str | Path, scan_rows: int = SCAN_ROWS) -> dict[str, A
     return {"path": str(path), "rows": int(sum(rows_per_file)), "meta_rows": meta.rows, "partitions": len(files),
             "rows_per_partition": {"min": min(rows_per_file), "max": max(rows_per_file)},
             "scanned_rows": scanned, "columns": columns, "meta": asdict(meta), "raw": raw,
-            "id_forms": recorded_forms(meta.source),
-            "warnings": unread_lines(Path(path), raw=False) + hashing_warnings(raw) + _damaged_stats(Path(path), raw)}
+            "id_forms": in_column_order(recorded_forms(meta.source), schema.names),
+            "warnings": unread_lines(Path(path), raw=False) + hashing_warnings(raw, schema.names)
+            + _damaged_stats(Path(path), raw)}
+
+
+def in_column_order(by_feature: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """`by_feature` in the order of the dataset's columns (the column table's), others after them by
+    name: C1, C2, ..., C10, not the text order C1, C10, C11, ..., C2 a JSON record keeps.
+
+    >>> list(in_column_order({"C10": 1, "C2": 2, "x": 3, "C1": 4}, ["label", "C1", "C2", "C10"]))
+    ['C1', 'C2', 'C10', 'x']
+    """
+    place = {name: i for i, name in enumerate(names)}
+    return dict(sorted(by_feature.items(), key=lambda item: (place.get(item[0], len(place)), item[0])))
 
 
 def recorded_forms(source: Any) -> dict[str, dict[str, str]]:
@@ -102,10 +114,11 @@ def _damaged_stats(path: Path, raw: dict[str, Any] | None) -> list[str]:
     return [f"{path / STATS_FILE} is damaged (not the statistics conversion writes): ignored"]
 
 
-def hashing_warnings(raw: dict[str, Any] | None) -> list[str]:
-    """One line per hashed feature whose hashing merges more than MERGE_WARN of its distinct values."""
+def hashing_warnings(raw: dict[str, Any] | None, names: list[str] = ()) -> list[str]:
+    """One line per hashed feature whose hashing merges more than MERGE_WARN of its distinct values,
+    in the order of the columns `names` (`in_column_order`)."""
     out = []
-    for name, entry in sorted((raw or {}).get("hashed", {}).items()):
+    for name, entry in in_column_order((raw or {}).get("hashed", {}), list(names)).items():
         distinct, merged = int(entry["distinct_values"]), merged_values(entry)
         if distinct and merged / distinct > MERGE_WARN:
             out.append(f"{name}: hashing merges {merged:,} of {distinct:,} distinct raw values "

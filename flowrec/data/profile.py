@@ -400,19 +400,24 @@ def _people_sections(profile: dict[str, Any], spec: ModelSpec, groups, packed, n
 def sample_warnings(samples: int, rows: int, sample_rate: float, batch_rows: int) -> list[str]:
     """Why the figures of a small sample mean little (empty when the sample is large enough).
 
+    A sample of every row cannot grow with --sample-rate: then the advice is more data alone.
+
     >>> sample_warnings(0, 200, 1e-300, 1)[1].split(":")[0]
     'the cache curves simulate 0 sampled batches of 1 row'
+    >>> sample_warnings(900, 900, 1.0, 4096)[1].split("; ")[-1]
+    'profile more data (the sample holds every row of this dataset already)'
     """
     out = []
+    more = "profile more data (the sample holds every row of this dataset already)" if samples >= rows else None
     if samples < MIN_SAMPLE_ROWS:
         out.append(f"the sample holds {samples:,} of {rows:,} rows (sample rate {sample_rate:g}): skew and hot-set "
-                   f"figures from fewer than {MIN_SAMPLE_ROWS:,} rows are not reliable; raise --sample-rate")
+                   f"figures from fewer than {MIN_SAMPLE_ROWS:,} rows are not reliable; {more or 'raise --sample-rate'}")
     batches = samples // max(batch_rows, 1)
     if batches < MIN_CURVE_BATCHES:
         out.append(f"the cache curves simulate {batches:,} sampled batch{'' if batches == 1 else 'es'} of "
                    f"{batch_rows:,} row{'' if batch_rows == 1 else 's'}: with fewer than "
                    f"{MIN_CURVE_BATCHES} there is little reuse to see, so hit rates near 0 say nothing about "
-                   f"training; raise --sample-rate or profile more data")
+                   f"training; {more or 'raise --sample-rate or profile more data'}")
     return out
 
 

@@ -118,6 +118,8 @@ def changed_model_line(folder: str, state: dict[str, Any], spec: ModelSpec, star
     """
     line = f"the spec's model differs from the one the run in {folder} was trained with"
     old = recorded_spec(state)
+    if old is not None and old.name != spec.name:  # another spec altogether, most likely: said first
+        line += f" (a run of spec {old.name!r}; this spec is {spec.name!r})"
     changes = managed_changes(old, spec) if old is not None else []
     if not changes:
         found = model_differences(old, spec) if old is not None else []

@@ -9,30 +9,36 @@ from __future__ import annotations
 
 from typing import Any
 
-from flowrec.spec.units import format_bytes
+from flowrec.spec.units import counted, format_bytes
 
 FLOAT_BYTES = 4  # dense features and labels travel as float32
 
 
-def measured_h2d_per_step(result: Any, n_dense: int, n_heads: int, batch_size: int) -> float:
+def measured_h2d_per_step(result: Any, n_dense: int, n_heads: int, batch_size: int, steps: int | None = None) -> float:
     """Host->device bytes per step: cache/host traffic of every group plus what the transfer stage
     copied a step (dense features, labels, device groups' ids, offsets and castings) where it
     copies (a GPU); on the CPU, where nothing is copied, dense features and labels as the plan
-    counts them."""
+    counts them. `steps`: the steps the transfer bytes were copied in (default: result.steps; a
+    resumed run's are those since the resume)."""
     groups = sum(c["h2d_bytes_per_step"] + c["d2h_bytes_per_step"] for c in result.counters.values())
     if result.transfer_bytes:
-        return groups + result.transfer_bytes / max(result.steps, 1)
+        return groups + result.transfer_bytes / max(result.steps if steps is None else steps, 1)
     return groups + batch_size * (n_dense + n_heads) * FLOAT_BYTES
 
 
-def run_report(result: Any, plan: Any, batch_size: int, n_dense: int, n_heads: int) -> list[str]:
-    """Measured step time, stage seconds, traffic and hit rates beside the plan's predictions."""
+def run_report(result: Any, plan: Any, batch_size: int, n_dense: int, n_heads: int,
+               first_step: int = 0) -> list[str]:
+    """Measured step time, stage seconds, traffic and hit rates beside the plan's predictions.
+    `first_step`: the step a resumed run went on from; `result.steps` counts the run's steps, its
+    seconds those since the resume, so the measured times are per step since then."""
     cost = plan.cost
-    steps = max(result.steps, 1)
+    trained = result.steps - first_step
+    steps = max(trained, 1)
     compute_ms = result.stage_seconds.get("compute", 0.0) / steps * 1e3
     wall_ms = result.seconds / steps * 1e3
+    since = f" since the resume at step {first_step:,}" if first_step else ""
     lines = [
-        f"report ({result.steps} steps, batch {batch_size}; predictions for target {cost.target})",
+        f"report ({counted(trained, 'step')}{since}, batch {batch_size}; predictions for target {cost.target})",
         f"  predicted from constants {cost.constants}; access profile {cost.access_profile}",
         f"  step time      measured {wall_ms:9.2f} ms wall, {compute_ms:9.2f} ms compute   "
         f"predicted {cost.step_ms_overlap:9.2f} ms overlapped, {cost.step_ms_serial:9.2f} ms serial",
@@ -41,7 +47,7 @@ def run_report(result: Any, plan: Any, batch_size: int, n_dense: int, n_heads: i
         "  predicted ms   " + ", ".join(f"{k} {v:.2f}" for k, v in cost.stage_ms),
     ]
     if result.counters or result.transfer_bytes:
-        measured = measured_h2d_per_step(result, n_dense, n_heads, batch_size)
+        measured = measured_h2d_per_step(result, n_dense, n_heads, batch_size, steps)
         lines.append(f"  host->device   measured {format_bytes(measured)} per step   "
                      f"predicted {format_bytes(cost.h2d_bytes_per_step)} per step")
     if result.counters:

@@ -105,6 +105,9 @@ def device_problem(name: str) -> str | None:
     return None
 
 
+NO_CUDA_NOTE = " (`flowrec doctor` shows the torch build and the devices it finds)"
+
+
 def resolve_device(name: str) -> torch.device:
     """auto -> cuda when available, else cpu; a bad name or cuda without CUDA is a clear error
     (RuntimeError, one line)."""
@@ -114,7 +117,8 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError("--device cuda was asked for, but CUDA is not available on this machine")
+        raise RuntimeError(f"--device {name} was asked for, but CUDA is not available on this machine: give "
+                           f"--device cpu or auto{NO_CUDA_NOTE}")
     return torch.device(name)
 
 
@@ -130,7 +134,7 @@ def prepare(spec: ModelSpec, spec_path: Path, opts: SessionOptions, plan: Plan, 
     for g in plan.meta.groups:
         if PLACEMENTS[g.placement].cached:
             status(f"group {g.name}: placement {g.placement} with {g.cache_rows:,} device rows")
-    status(f"building model on {device} ({len(plan.meta.groups)} packed groups)")
+    status(f"building model on {device} ({counted(len(plan.meta.groups), 'packed group')})")
     slow = precision_note(spec.training.precision, device)
     if slow:
         status(f"warning: {slow}")
@@ -354,7 +358,10 @@ def bound_dataset(spec: ModelSpec, spec_path: Path, workdir: Path | None,
     if spec.data.format == "parquet":
         return raw
     if not raw.exists():
-        raise DataError(f"the spec's data binding points to {raw}, which does not exist")
+        raise DataError(f"the spec's data binding points to {raw}, which does not exist: put the data there "
+                        f"(data.path {spec.data.path} is relative to the spec's folder), give --data DIR (a dataset "
+                        "`flowrec data convert` wrote), or train on synthetic rows (--rows N) with a copy of the "
+                        "spec without data.path")
     out = (workdir or Path("runs") / spec.name) / "data"
 
     def encoded() -> bool:

@@ -118,6 +118,9 @@ def tensor_bytes(value: Any) -> int:
     return 0
 
 
+SPEC_SUFFIXES = (".yaml", ".yml", ".json")  # a spec file given where a run or checkpoint goes
+
+
 def checkpoint_path(path: Path) -> Path:
     """The checkpoint file of a run folder, or `path` itself when it is a file."""
     path = Path(path)
@@ -172,7 +175,15 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu", mmap: 
             raise CheckpointError(f"cannot read checkpoint {path}: {exc.strerror}") from None
         if read.st_size == 0:
             raise CheckpointError(f"checkpoint {path} is empty (0 bytes)")
-        state = read_torch_file(path, map_location, mmap=mmap)
+        try:
+            state = read_torch_file(path, map_location, mmap=mmap)
+        except CheckpointError as exc:
+            if path.name != CHECKPOINT_NAME and (path.parent / CHECKPOINT_NAME).is_file():  # runs/first/spec.json
+                raise CheckpointError(f"{exc}; give the run folder it lies in, {path.parent}") from None
+            if path.suffix.lower() in SPEC_SUFFIXES:  # `flowrec eval my_model.yaml`: the spec for its run
+                raise CheckpointError(f"{exc}: a spec file's name; train it into a run first (`flowrec train "
+                                      f"{path} --out RUN`) and give RUN") from None
+            raise
         check_structure(path, state)
         try:
             state = apply_deltas(path, state, map_location, lambda read=read: _replaced(path, read))
