@@ -687,6 +687,10 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
         if identity_doc(json.loads(state["spec"])) != identity_doc(to_dict(trained)) \
                 and not _same_class_files(state, folder, trained, whole=True, world=world):
             _refuse(_spec_changed_line(request.spec_path, folder, state, trained), world)
+        if (line := _finished_by_position(folder, state, spec, settings)) is not None:
+            _say(line)  # before its data is read and its model built (tens of seconds for nothing to train)
+            _report_finished(folder, state, line, request.json_out)
+            return
 
     preparing = [False]  # rank 0 between `before` and `after`: the others wait to learn how its data went
 
@@ -733,10 +737,13 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     try:
         if state is not None:
             trainer.load_state(state, folder / CHECKPOINT_NAME)
+            state_position = {"position": {"step": trainer.position.step, "epoch": trainer.position.epoch}}
             state.clear()  # the model has its copy: release the checkpoint's (memory-mapped) tensors
             if trainer.finished(session.train):
                 session.model.close()
-                _say(_finished_line(folder, trainer, settings))
+                line = _finished_line(folder, trainer, settings)
+                _say(line)
+                _report_finished(folder, state_position, line, request.json_out)
                 return
             _say(f"resuming {folder} at epoch {trainer.position.epoch}, batch {trainer.position.batch} "
                  f"(step {trainer.position.step})")
@@ -1087,6 +1094,35 @@ def _run_spec_class_files(state: dict, folder: Path, spec, world=None) -> tuple[
         return same_content_class_files(old, spec, recorded_digests(_run_folder(folder)))
     except ValueError as exc:
         _refuse(str(exc), world)
+
+
+def _finished_by_position(folder: Path, state: dict, spec, settings: dict) -> str | None:
+    """The line of a resumed run that its checkpoint's position alone shows finished (all its epochs,
+    or --max-steps, trained), as `_finished_line` says it; None where the data or an early stop
+    decides (the trainer checks those once the run is loaded)."""
+    at = state.get("position") or {}
+    step, epoch = at.get("step"), at.get("epoch")
+    if not isinstance(step, int) or not isinstance(epoch, int):
+        return None  # a damaged position: loading the checkpoint says so
+    epochs = settings["epochs"] if settings.get("epochs") is not None else spec.training.epochs
+    max_steps = settings.get("max_steps")
+    by_epochs, by_steps = epoch >= epochs, max_steps is not None and step >= max_steps
+    if not (by_epochs or by_steps):
+        return None
+    limit = f", --max-steps {max_steps}" if max_steps is not None else ""
+    raise_ = " and ".join(flag for flag, reached in (("--epochs", by_epochs), ("--max-steps", by_steps)) if reached)
+    return (f"{folder} is finished: step {step}, epoch {epoch} of {epochs}{limit}; "
+            f"nothing to train (give a larger {raise_} to train further)")
+
+
+def _report_finished(folder: Path, state: dict, line: str, json_out: bool) -> None:
+    """With --json, a finished run's document on stdout (a script reading it got nothing): the run
+    folder, its step and epoch, `finished: true` and the line."""
+    if json_out and is_lead_rank():
+        at = state.get("position") or {}
+        doc = {"run_dir": str(folder), "finished": True, "steps": at.get("step"), "epoch": at.get("epoch"),
+               "trained_steps": 0, "message": line}
+        output_stream().write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
 
 
 def _finished_line(folder: Path, trainer, settings: dict) -> str:
