@@ -689,7 +689,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
             _refuse(_spec_changed_line(request.spec_path, folder, state, trained), world)
         if (line := _finished_by_position(folder, state, spec, settings)) is not None:
             _say(line)  # before its data is read and its model built (tens of seconds for nothing to train)
-            _report_finished(folder, state, line, request.json_out)
+            _report_finished(folder, state, line, request.json_out, request.json_lines)
             return
 
     preparing = [False]  # rank 0 between `before` and `after`: the others wait to learn how its data went
@@ -743,7 +743,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
                 session.model.close()
                 line = _finished_line(folder, trainer, settings)
                 _say(line)
-                _report_finished(folder, state_position, line, request.json_out)
+                _report_finished(folder, state_position, line, request.json_out, request.json_lines)
                 return
             _say(f"resuming {folder} at epoch {trainer.position.epoch}, batch {trainer.position.batch} "
                  f"(step {trainer.position.step})")
@@ -1115,14 +1115,14 @@ def _finished_by_position(folder: Path, state: dict, spec, settings: dict) -> st
             f"nothing to train (give a larger {raise_} to train further)")
 
 
-def _report_finished(folder: Path, state: dict, line: str, json_out: bool) -> None:
+def _report_finished(folder: Path, state: dict, line: str, json_out: bool, json_lines: bool = False) -> None:
     """With --json, a finished run's document on stdout (a script reading it got nothing): the run
-    folder, its step and epoch, `finished: true` and the line."""
+    folder, its step and epoch, `finished: true` and the line (on one line in a --follow stream)."""
     if json_out and is_lead_rank():
         at = state.get("position") or {}
         doc = {"run_dir": str(folder), "finished": True, "steps": at.get("step"), "epoch": at.get("epoch"),
                "trained_steps": 0, "message": line}
-        output_stream().write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+        output_stream().write(json.dumps(doc, indent=None if json_lines else 2, sort_keys=True) + "\n")
 
 
 def _finished_line(folder: Path, trainer, settings: dict) -> str:
