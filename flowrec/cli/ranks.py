@@ -12,12 +12,14 @@ Example:
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -188,6 +190,46 @@ def share_cores() -> None:
             torch.set_num_threads(compute)
 
 
+def report_stop(line: str, status: int, follows: bool) -> None:
+    """What a rank that stops with its one line (`fail`) tells the others and torch's launcher.
+
+    The launcher learns it from this rank's error file (TORCHELASTIC_ERROR_FILE, which torch's
+    launcher sets for each rank and reads when the rank fails): the line, the status and whether
+    the rank only followed another's stop (`follows`; a lost rank's status 4 always does), so that
+    `first_failure` names the rank whose own error started it, and its line, not a rank that
+    failed a collective a moment later. The other ranks learn it from the rendezvous store
+    (`record_stop`, not for an interrupt): the one that loses this rank then stops as it does.
+    Best effort: a file that cannot be written is left out."""
+    follows = follows or status == EXIT_RANK_FAILED
+    if not follows and status not in (0, EXIT_INTERRUPTED) and "torch.distributed" in sys.modules:
+        from flowrec.runtime.distributed.world import record_stop
+
+        rank = os.environ.get("RANK", "")
+        if rank.isdigit():
+            record_stop(int(rank), status)
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    now = time.time()
+    report = {"message": line, "timestamp": int(now),
+              REPORT_KEY: {"line": line, "status": status, "follows": follows, "time": now}}
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(report))
+    except OSError:
+        pass
+
+
+REPORT_KEY = "flowrec"  # a rank's own record in its error file (`report_stop`)
+
+
+def _report(failure: Any) -> dict:
+    """A failed rank's own record (`report_stop`), or {} (it wrote none: a signal, a traceback)."""
+    data = getattr(failure, "error_file_data", None)
+    record = data.get(REPORT_KEY) if isinstance(data, dict) else None
+    return record if isinstance(record, dict) else {}
+
+
 def restart_count() -> int:
     """How often the launcher restarted the ranks of this job (0: the first attempt)."""
     text = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
@@ -212,7 +254,7 @@ def run_launcher(argv: list[str]) -> int:
         rank, failure = first_failure(exc.failures)
         failed = ", ".join(str(r) for r in sorted(exc.failures))
         print(f"error: training failed: rank(s) {failed} exited; the first, rank {rank}, "
-              f"{_how_it_ended(failure.exitcode)}", file=sys.stderr)
+              f"{_how_it_ended(failure.exitcode, _report(failure).get('line'))}", file=sys.stderr)
         if failure.exitcode is not None and failure.exitcode < 0:
             return 128 - failure.exitcode  # a shell's status of a process its signal stopped
         return failure.exitcode if failure.exitcode else 1
@@ -230,26 +272,30 @@ def first_failure(failures: dict[int, Any]) -> tuple[int, Any]:
     rank was named. A rank that lost a collective (status 4) or that the launcher stopped in that
     poll (SIGTERM; 130 or 143 when handled) comes after any other failure of its second; a rank the
     launcher killed later (a hung rank, SIGKILL after its shutdown timeout) stays after the rank
-    that timed out waiting for it."""
-    def key(rank: int) -> tuple[float, bool, int]:
-        code = failures[rank].exitcode
+    that timed out waiting for it. Before all of these: a rank that reported stopping on an error
+    of its own (`report_stop`), the earliest of them to the microsecond (the rank that lost it
+    exits in the same second, with the same status 2 when it learned the cause)."""
+    def key(rank: int) -> tuple[bool, float, float, bool, int]:
+        code, report = failures[rank].exitcode, _report(failures[rank])
+        own = bool(report) and not report.get("follows")  # its own error, as the rank said (`report_stop`)
         followed = code in (EXIT_RANK_FAILED, -signal.SIGTERM, 128 + signal.SIGTERM, EXIT_INTERRUPTED)
-        return failures[rank].timestamp, followed, rank
+        return not own, float(report.get("time", 0)) if own else 0.0, failures[rank].timestamp, followed, rank
 
     rank = min(failures, key=key)
     return rank, failures[rank]
 
 
-def _how_it_ended(exitcode: int | None) -> str:
-    """How a failed rank ended, in words: a status (its message is above) or a signal, which leaves
-    no message (a SIGKILL: the kernel's out-of-memory killer, `kill -9`, a scheduler)."""
+def _how_it_ended(exitcode: int | None, line: str | None = None) -> str:
+    """How a failed rank ended, in words: a status and its own line where it reported one
+    (`report_stop`), else that its message is above, or a signal, which leaves no message (a
+    SIGKILL: the kernel's out-of-memory killer, `kill -9`, a scheduler)."""
     if exitcode is not None and exitcode < 0:
         try:
             name = f" ({signal.Signals(-exitcode).name})"
         except ValueError:
             name = ""
         return f"was killed by signal {-exitcode}{name} and wrote no message"
-    return f"with status {exitcode} (its message is above)"
+    return f"with status {exitcode}: {line}" if line else f"with status {exitcode} (its message is above)"
 
 
 if __name__ == "__main__":  # the launcher process of `flowrec train --nproc N`

@@ -10,7 +10,7 @@ import sys
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, NoReturn, Optional
 
 import typer
 
@@ -414,14 +414,14 @@ def _train_as_rank(request: RunRequest, spec, folder: Path | None) -> None:
         try:  # the others wait for the run folder and learn whether rank 0 refused it
             refused = world.any(refusal is not None)
         except RuntimeError as exc:
-            fail(f"{_rank_lost(world, exc)} while waiting for the run folder", EXIT_RANK_FAILED)
+            _fail_lost(world, exc, note=" while waiting for the run folder")
         if refusal is not None:
             fail(refusal)
         if refused:  # rank 0's one line says why; the launch's status is its 2 (this rank's 0 adds no failure)
             raise typer.Exit(0)
         refused = False
         try:
-            _train_in(request, spec, folder, world)
+            _train_in_world(request, spec, folder, world)
         except typer.Exit as stop:
             refused = stop.exit_code == EXIT_INVALID  # bad input: not an interrupt, OOM, a lost rank
             raise
@@ -434,6 +434,21 @@ def _train_as_rank(request: RunRequest, spec, folder: Path | None) -> None:
         raise
     finally:
         leave_world()
+
+
+def _train_in_world(request: RunRequest, spec, folder: Path, world) -> None:
+    """`_train_in` on a rank: a collective that failed outside training's own handling (building
+    the model's parallel parts, loading a checkpoint) because another rank stopped on an error of
+    its own (bad data on that rank, a plan it refused) is this rank's one line naming that rank,
+    with its status, not a traceback of gloo's closed connection."""
+    try:
+        _train_in(request, spec, folder, world)
+    except typer.Exit:  # a line already said (click's Exit is a RuntimeError)
+        raise
+    except RuntimeError as exc:
+        if world.stopped_rank() is None:
+            raise
+        _fail_lost(world, exc)
 
 
 def _exit_finished_rank() -> None:
@@ -453,7 +468,19 @@ def _rank_agree(world, flag: bool, what: str) -> bool:
     try:
         return world.any(flag)
     except RuntimeError as exc:
-        fail(f"{_rank_lost(world, exc)} while waiting for {what}", EXIT_RANK_FAILED)
+        _fail_lost(world, exc, note=f" while waiting for {what}")
+
+
+def _fail_lost(world, exc: BaseException, where: str = "", note: str = "") -> NoReturn:
+    """This rank's line after a collective failed (`where` before, `note` after the cause): the
+    rank that stopped first on an error of its own (it recorded its status, `report_stop`), with
+    that status (2 for bad input: the run folder left as one process leaves it), its own line
+    saying why; else another rank died or hung (status 4, the collective's words)."""
+    stopped = world.stopped_rank()
+    if stopped is not None:
+        rank, status = stopped
+        fail(f"{where}rank {rank} stopped first (its line says why){note}", status, follows=True)
+    fail(f"{where}{_rank_lost(world, exc)}{note}", EXIT_RANK_FAILED)
 
 
 def _rank_lost(world, exc: BaseException) -> str:
@@ -759,17 +786,14 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
         if out_of_memory(exc):  # torch's CUDA error, or the CPU allocator's RuntimeError
             fail(f"out of memory at step {trainer.position.step + 1} on {session.device}: {first_line(exc)}; "
                  f"{trainer.checkpoint_note()}. {memory_hint()}", EXIT_OUT_OF_MEMORY)
-        _fail_if_custom(exc, trainer, world)
+        _fail_if_custom(exc, trainer)
         if world is None:
             raise
         where = (f"stopped at the end of the run, after its last step ({trainer.position.step})"
                  if trainer.finished(session.train) else f"stopped at step {trainer.position.step + 1}")
-        if refused := world.refused_ranks():  # a custom module raised there: stop as one process does (exit 2)
-            fail(f"{where}: rank {refused[0]} stopped on its custom module (its line says why); "
-                 f"{trainer.checkpoint_note()}")
-        fail(f"{where}: {_rank_lost(world, exc)}; {trainer.checkpoint_note()}", EXIT_RANK_FAILED)
+        _fail_lost(world, exc, f"{where}: ", f"; {trainer.checkpoint_note()}")
     except Exception as exc:  # a user's custom module may raise anything in training or evaluation
-        _fail_if_custom(exc, trainer, world)
+        _fail_if_custom(exc, trainer)
         raise
     finally:
         session.close_data()
@@ -789,19 +813,17 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
         raise typer.Exit(EXIT_INTERRUPTED)
 
 
-def _fail_if_custom(exc: BaseException, trainer: "Trainer", world=None) -> None:
+def _fail_if_custom(exc: BaseException, trainer: "Trainer") -> None:
     """One line naming the custom module whose forward raised `exc` in training or evaluation
     (its own traceback is the user's code: `flowrec train` showed a traceback through flowrec's), or
     the custom modules of a model whose backward raised it, or the one whose state code raised it
     (a checkpoint's state_dict, a resume's load). Under `--nproc N` the other ranks learn it
-    (`World.mark_refused`), so the run ends with status 2 on every rank, its folder as one process
-    leaves it."""
+    (`fail` records it: `flowrec.cli.ranks.report_stop`), so the run ends with status 2 on every
+    rank, its folder as one process leaves it."""
     from operators.custom import backward_failure, custom_failure, state_failure
 
     named = custom_failure(exc) or backward_failure(exc, trainer.model) or state_failure(exc, trainer.model)
     if named is not None:
-        if world is not None:
-            world.mark_refused()
         fail(f"at step {trainer.position.step + 1}: {named}; {trainer.checkpoint_note()}")
 
 

@@ -1,11 +1,15 @@
 """Fault injection for the ranks of `flowrec train` in tests (this folder is put on PYTHONPATH only
-by tests/integration/test_dist_checkpoint_background.py; Python imports this module at start-up).
+by tests/integration/test_dist_checkpoint_background.py and test_nproc_rank_stops.py; Python imports
+this module at start-up).
 
 FLOWREC_TEST_HOLD_CHECKPOINT="RANK:STEP:DIR" makes rank RANK's checkpoint writer thread, at the
 checkpoint of step STEP (before its shard of a full checkpoint is streamed, or before its delta
 shard is written), write its process id to DIR/held-rank<RANK>-step<STEP> and wait until
-DIR/release exists (at most HOLD_S seconds), while training goes on. Without the variable (or in a
-process that is not a rank) nothing is changed.
+DIR/release exists (at most HOLD_S seconds), while training goes on.
+
+FLOWREC_TEST_DATA_ERROR="RANK" makes rank RANK's loading of the run's data raise the DataError a
+damaged file that only this rank reads would raise. Without the variables (or in a process that is
+not a rank) nothing is changed.
 """
 from __future__ import annotations
 
@@ -46,3 +50,19 @@ def _install(setting: str) -> None:
 
 if os.environ.get("FLOWREC_TEST_HOLD_CHECKPOINT") and "RANK" in os.environ:
     _install(os.environ["FLOWREC_TEST_HOLD_CHECKPOINT"])
+
+
+def _install_data_error(rank: str) -> None:
+    if os.environ.get("RANK") != rank:
+        return
+    import flowrec.runs.start as start
+    from flowrec.data.layout import DataError
+
+    def damaged(*args, **kwargs):
+        raise DataError(f"part-00000.parquet: row group 1 cannot be read on rank {rank} (injected)")
+
+    start.prepare = damaged
+
+
+if os.environ.get("FLOWREC_TEST_DATA_ERROR") and "RANK" in os.environ:
+    _install_data_error(os.environ["FLOWREC_TEST_DATA_ERROR"])
