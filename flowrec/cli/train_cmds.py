@@ -433,7 +433,21 @@ def _train_as_rank(request: RunRequest, spec, folder: Path | None) -> None:
             exit_without_teardown(EXIT_RANK_FAILED)  # sockets: destroying its groups aborted the rank now and then
         raise
     finally:
+        _ignore_stop_signals()  # this rank's line is out: a signal now said "before training started"
         leave_world()
+
+
+def _ignore_stop_signals() -> None:
+    """Ignore Ctrl-C, SIGTERM and SIGHUP from here on: a rank whose run is over (its line said, or the
+    run finished) only leaves the process groups and exits, which a signal would cut short with a
+    wrong line ('interrupted ... before training started; nothing was trained'); torch's launcher
+    kills a rank that does not exit in its shutdown time."""
+    import signal
+
+    from flowrec.data.interrupts import stop_signals
+
+    for sig in (signal.SIGINT, *stop_signals()):
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def _train_in_world(request: RunRequest, spec, folder: Path, world) -> None:
@@ -800,16 +814,23 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
         forget_kept_sample()  # a run that stopped before its hot set was chosen holds no sample
     if not trainer.lead:
         return
-    _report(result, folder, request.json_out, request.json_lines)
-    if request.report:
-        from flowrec.runtime.run_report import run_report
+    from flowrec.runtime.trainer import GracefulInterrupt
 
-        spec = session.spec
-        for line in run_report(result, session.plan, spec.training.batch_size, len(spec.dense_features),
-                               len(spec.heads)):
-            _say(line)
+    with GracefulInterrupt() as late:  # the run is whole: a signal now must not cut its closing lines short
+        _report(result, folder, request.json_out, request.json_lines)
+        if request.report:
+            from flowrec.runtime.run_report import run_report
+
+            spec = session.spec
+            for line in run_report(result, session.plan, spec.training.batch_size, len(spec.dense_features),
+                                   len(spec.heads)):
+                _say(line)
     if result.interrupted:
         _say(f"interrupted: checkpoint saved; continue with  {resume_cmd}")
+        raise typer.Exit(EXIT_INTERRUPTED)
+    if late.requested:  # it said "before training started; nothing was trained"
+        _say(f"interrupted after the run finished: {folder} holds all of it, its checkpoint of step "
+             f"{trainer.position.step} included; nothing to continue")
         raise typer.Exit(EXIT_INTERRUPTED)
 
 

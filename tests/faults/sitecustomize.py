@@ -7,6 +7,9 @@ checkpoint of step STEP (before its shard of a full checkpoint is streamed, or b
 shard is written), write its process id to DIR/held-rank<RANK>-step<STEP> and wait until
 DIR/release exists (at most HOLD_S seconds), while training goes on.
 
+FLOWREC_TEST_HOLD_END="DIR" makes rank 0, once its run has finished (before its closing lines),
+write its process id to DIR/held-end and wait until DIR/release exists (at most HOLD_S seconds).
+
 FLOWREC_TEST_DATA_ERROR="RANK" makes rank RANK's loading of the run's data raise the DataError a
 damaged file that only this rank reads would raise. Without the variables (or in a process that is
 not a rank) nothing is changed.
@@ -66,3 +69,24 @@ def _install_data_error(rank: str) -> None:
 
 if os.environ.get("FLOWREC_TEST_DATA_ERROR") and "RANK" in os.environ:
     _install_data_error(os.environ["FLOWREC_TEST_DATA_ERROR"])
+
+
+def _install_end_hold(folder: str) -> None:
+    if os.environ.get("RANK") != "0":
+        return
+    import flowrec.cli.train_cmds as train_cmds
+
+    report = train_cmds._report
+
+    def held_report(*args, **kwargs):
+        (Path(folder) / "held-end").write_text(str(os.getpid()))
+        deadline = time.monotonic() + HOLD_S
+        while not (Path(folder) / "release").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return report(*args, **kwargs)
+
+    train_cmds._report = held_report
+
+
+if os.environ.get("FLOWREC_TEST_HOLD_END") and "RANK" in os.environ:
+    _install_end_hold(os.environ["FLOWREC_TEST_HOLD_END"])
