@@ -230,6 +230,14 @@ def _report(failure: Any) -> dict:
     return record if isinstance(record, dict) else {}
 
 
+def _status(failure: Any) -> int | None:
+    """A failed rank's exit status: the one it reported with its line (`report_stop`), where the
+    launcher's SIGTERM to the ranks left after a failure ended it as it was exiting (its line out,
+    its status -15 said 'was killed by signal 15 and wrote no message'), else its exit code."""
+    reported = _report(failure).get("status")
+    return reported if isinstance(reported, int) and reported > 0 else failure.exitcode
+
+
 def restart_count() -> int:
     """How often the launcher restarted the ranks of this job (0: the first attempt)."""
     text = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
@@ -249,15 +257,16 @@ def run_launcher(argv: list[str]) -> int:
     try:
         run(parse_args(argv))
     except ChildFailedError as exc:
-        if all(failure.exitcode == EXIT_INTERRUPTED for failure in exc.failures.values()):
+        if all(_status(failure) == EXIT_INTERRUPTED for failure in exc.failures.values()):
             return EXIT_INTERRUPTED  # a signal to a rank (not to this launcher): rank 0 said where it stopped
         rank, failure = first_failure(exc.failures)
         failed = ", ".join(str(r) for r in sorted(exc.failures))
+        status = _status(failure)
         print(f"error: training failed: rank(s) {failed} exited; the first, rank {rank}, "
-              f"{_how_it_ended(failure.exitcode, _report(failure).get('line'))}", file=sys.stderr)
-        if failure.exitcode is not None and failure.exitcode < 0:
-            return 128 - failure.exitcode  # a shell's status of a process its signal stopped
-        return failure.exitcode if failure.exitcode else 1
+              f"{_how_it_ended(status, _report(failure).get('line'))}", file=sys.stderr)
+        if status is not None and status < 0:
+            return 128 - status  # a shell's status of a process its signal stopped
+        return status if status else 1
     except SignalException as exc:
         return 128 + int(exc.sigval)
     return 0
@@ -276,7 +285,7 @@ def first_failure(failures: dict[int, Any]) -> tuple[int, Any]:
     of its own (`report_stop`), the earliest of them to the microsecond (the rank that lost it
     exits in the same second, with the same status 2 when it learned the cause)."""
     def key(rank: int) -> tuple[bool, float, float, bool, int]:
-        code, report = failures[rank].exitcode, _report(failures[rank])
+        code, report = _status(failures[rank]), _report(failures[rank])
         own = bool(report) and not report.get("follows")  # its own error, as the rank said (`report_stop`)
         followed = code in (EXIT_RANK_FAILED, -signal.SIGTERM, 128 + signal.SIGTERM, EXIT_INTERRUPTED)
         return not own, float(report.get("time", 0)) if own else 0.0, failures[rank].timestamp, followed, rank

@@ -790,7 +790,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
             _say(f"{world.size} ranks: {_sharding_line(session.plan)}")
         result = trainer.fit(session.train, session.eval, hooks=hooks)
     except (DataError, CheckpointError, MetricsError, RunFolderError, TrainingStopped) as exc:
-        fail(str(exc))
+        fail(*_own_or_followed(exc, world))
     except CacheCapacityError as exc:
         fail(f"at step {trainer.position.step + 1}: {exc}; {trainer.checkpoint_note()}")
     except KeyboardInterrupt as exc:
@@ -832,6 +832,18 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
         _say(f"interrupted after the run finished: {folder} holds all of it, its checkpoint of step "
              f"{trainer.position.step} included; nothing to continue")
         raise typer.Exit(EXIT_INTERRUPTED)
+
+
+def _own_or_followed(exc: Exception, world) -> tuple[str, int, bool]:
+    """`fail`'s arguments for a run's error: a checkpoint that failed on another rank (its
+    `failed_rank`: a shard it could not write) is that rank's error, which this rank only follows,
+    and its line says whose it is (rank 0's bare 'No space left on device' read as its own disk)."""
+    failed = getattr(exc, "failed_rank", None) if world is not None else None
+    if failed is None or failed == world.rank:
+        return str(exc), EXIT_INVALID, False
+    from flowrec.runtime.checkpoint.store import CheckpointError
+
+    return (f"rank {failed} stopped first: {exc}" if isinstance(exc, CheckpointError) else str(exc)), EXIT_INVALID, True
 
 
 def _fail_if_custom(exc: BaseException, trainer: "Trainer") -> None:

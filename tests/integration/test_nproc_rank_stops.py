@@ -1,8 +1,9 @@
 """A rank of `flowrec train --nproc 2` that stops on an error of its own outside the training loop
-(here: its loading of the data, as a damaged file only it reads fails) ends the run as one process
-ends it: its one line, status 2, and the other rank's line naming it (no traceback of gloo's closed
-connection, no status 1 or 4); the launcher's last line names it with its line; the run folder is
-left as one process leaves it (a new run's removed, a resumed run's untouched)."""
+(its loading of the data, as a damaged file only it reads fails; its shard of the final checkpoint)
+ends the run as one process ends it: its one line, status 2, and the other rank's line naming it (no
+traceback of gloo's closed connection, no status 1 or 4); the launcher's last line names it with its
+line; the run folder is left as one process leaves it (a new run's removed, a resumed run's
+untouched, the last checkpoint kept)."""
 from __future__ import annotations
 
 import copy
@@ -82,3 +83,25 @@ def test_a_rank_whose_data_fails_on_resume_leaves_the_run_to_resume(work: Path) 
     assert done.returncode == 2, done.stderr[-3000:]
     _check_lines(done.stderr, 1)
     assert _digests(work / "run") == before  # untouched: `--resume run` continues from the checkpoint of step 2
+
+
+def test_a_final_checkpoint_one_rank_cannot_write_is_its_line_and_keeps_the_last(work: Path) -> None:
+    # rank 1 could not write its shard of the final checkpoint: rank 0 said the same bare line as its
+    # own, and the launcher named rank 1 'killed by signal 15 (SIGTERM) and wrote no message', exit 143
+    from flowrec.runtime.checkpoint.store import load_checkpoint
+
+    first = _train(work, "--out", "ck", "--max-steps", "2", nproc=1)
+    assert first.returncode == 0, first.stderr[-3000:]
+    blocker = work / "ck" / "checkpoint.shards" / "step000000004-rank1-of2.pt"  # a folder in the way
+    blocker.mkdir(parents=True)
+    (blocker / "keep").write_text("")
+    done = _train(work, "--resume", "ck", "--max-steps", "4")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    own = [line for line in done.stderr.splitlines() if line.startswith("error: rank 1: ")]
+    assert len(own) == 1 and f"could not write checkpoint {Path('ck') / blocker.parent.name / blocker.name}" in own[0]
+    said = own[0].split(": ", 2)[2]
+    assert [line for line in done.stderr.splitlines() if line.startswith("error: rank 0: ")] == [
+        f"error: rank 0: rank 1 stopped first: {said}"], done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last == f"error: training failed: rank(s) 0, 1 exited; the first, rank 1, with status 2: {said}", last
+    assert load_checkpoint(work / "ck")["position"]["step"] == 2  # the last whole checkpoint stays

@@ -82,3 +82,14 @@ def test_a_follower_status_4_is_never_named_before_a_rank_killed_by_a_signal(mon
         failure.timestamp = 1_700_000_000
     assert _launch(monkeypatch, failures) == 137
     assert "the first, rank 1, was killed by signal 9" in capsys.readouterr().err
+
+
+def test_a_rank_that_said_its_line_and_was_stopped_exiting_keeps_its_status(monkeypatch, capsys, tmp_path: Path) -> None:
+    # rank 1 could not write its final shard and said so (status 2); rank 0 followed and exited first,
+    # and the launcher's SIGTERM to the ranks left ended rank 1 as it was exiting: the launch said
+    # "the first, rank 1, was killed by signal 15 (SIGTERM) and wrote no message" and exited 143
+    line = f"could not write checkpoint run/checkpoint.shards/step{random.randrange(10**9):09d}-rank1-of2.pt: Is a directory"
+    failures = _failures(monkeypatch, tmp_path, [(1, 2, line, False), (0, 2, f"rank 1 stopped first: {line}", True)])
+    failures[1].exitcode = -15
+    assert _launch(monkeypatch, failures) == 2
+    assert capsys.readouterr().err.endswith(f"the first, rank 1, with status 2: {line}\n")
