@@ -195,13 +195,16 @@ def report_stop(line: str, status: int, follows: bool) -> None:
 
     The launcher learns it from this rank's error file (TORCHELASTIC_ERROR_FILE, which torch's
     launcher sets for each rank and reads when the rank fails): the line, the status and whether
-    the rank only followed another's stop (`follows`; a lost rank's status 4 always does), so that
+    the rank only followed another's stop (`follows`; a lost rank's status 4 and an interrupt's 130
+    always do), so that
     `first_failure` names the rank whose own error started it, and its line, not a rank that
     failed a collective a moment later. The other ranks learn it from the rendezvous store
     (`record_stop`, not for an interrupt): the one that loses this rank then stops as it does.
     Best effort: a file that cannot be written is left out."""
-    follows = follows or status == EXIT_RANK_FAILED
-    if not follows and status not in (0, EXIT_INTERRUPTED) and "torch.distributed" in sys.modules:
+    # a lost rank (4) follows another; so does an interrupt (130): the launcher's SIGTERM to the ranks
+    # left after one was killed (`kill -9`, the out-of-memory killer) is no error of this rank's own
+    follows = follows or status in (EXIT_RANK_FAILED, EXIT_INTERRUPTED)
+    if not follows and status != 0 and "torch.distributed" in sys.modules:
         from flowrec.runtime.distributed.world import record_stop
 
         rank = os.environ.get("RANK", "")

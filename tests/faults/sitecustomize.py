@@ -11,7 +11,8 @@ FLOWREC_TEST_HOLD_END="DIR" makes rank 0, once its run has finished (before its 
 write its process id to DIR/held-end and wait until DIR/release exists (at most HOLD_S seconds).
 
 FLOWREC_TEST_DATA_ERROR="RANK" makes rank RANK's loading of the run's data raise the DataError a
-damaged file that only this rank reads would raise. Without the variables (or in a process that is
+damaged file that only this rank reads would raise; "RANK:kill" kills the rank there instead
+(SIGKILL, as the out-of-memory killer does). Without the variables (or in a process that is
 not a rank) nothing is changed.
 """
 from __future__ import annotations
@@ -55,13 +56,18 @@ if os.environ.get("FLOWREC_TEST_HOLD_CHECKPOINT") and "RANK" in os.environ:
     _install(os.environ["FLOWREC_TEST_HOLD_CHECKPOINT"])
 
 
-def _install_data_error(rank: str) -> None:
+def _install_data_error(setting: str) -> None:
+    rank, _, how = setting.partition(":")
     if os.environ.get("RANK") != rank:
         return
+    import signal
+
     import flowrec.runs.start as start
     from flowrec.data.layout import DataError
 
     def damaged(*args, **kwargs):
+        if how == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
         raise DataError(f"part-00000.parquet: row group 1 cannot be read on rank {rank} (injected)")
 
     start.prepare = damaged

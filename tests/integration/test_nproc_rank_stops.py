@@ -36,7 +36,7 @@ def work(tmp_path_factory) -> Path:
     return root
 
 
-def _train(work: Path, *extra: str, failing_rank: int | None = None, nproc: int = 2):
+def _train(work: Path, *extra: str, failing_rank: int | str | None = None, nproc: int = 2):
     import subprocess
     import sys
 
@@ -105,3 +105,13 @@ def test_a_final_checkpoint_one_rank_cannot_write_is_its_line_and_keeps_the_last
     last = done.stderr.strip().splitlines()[-1]
     assert last == f"error: training failed: rank(s) 0, 1 exited; the first, rank 1, with status 2: {said}", last
     assert load_checkpoint(work / "ck")["position"]["step"] == 2  # the last whole checkpoint stays
+
+
+def test_a_rank_killed_while_loading_its_data_is_the_one_named(work: Path) -> None:
+    # rank 1 killed (the out-of-memory killer) as it loaded its data: the launcher stopped rank 0, whose
+    # 'interrupted (SIGTERM) before training started' line (status 130) the launcher named as the first
+    done = _train(work, "--out", "killed", failing_rank="1:kill")
+    assert done.returncode == 128 + 9 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: training failed: rank(s) ") and last.endswith(
+        " exited; the first, rank 1, was killed by signal 9 (SIGKILL) and wrote no message"), done.stderr[-3000:]

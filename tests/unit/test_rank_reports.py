@@ -93,3 +93,19 @@ def test_a_rank_that_said_its_line_and_was_stopped_exiting_keeps_its_status(monk
     failures[1].exitcode = -15
     assert _launch(monkeypatch, failures) == 2
     assert capsys.readouterr().err.endswith(f"the first, rank 1, with status 2: {line}\n")
+
+
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGINT"])
+def test_a_rank_the_launcher_stopped_after_another_was_killed_is_not_named(monkeypatch, capsys, tmp_path: Path,
+                                                                          signal_name: str) -> None:
+    # rank 1 killed by the out-of-memory killer while loading its data: the launcher stopped rank 0
+    # (SIGTERM: 'interrupted (SIGTERM) before training started', status 130), and named rank 0 with that line
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    line = f"interrupted ({signal_name}) before training started; nothing was trained"
+    failures = _failures(monkeypatch, tmp_path, [(0, 130, line, False)])
+    failures[1] = ProcessFailure(1, 4242, -9, str(tmp_path / "none.json"))
+    for failure in failures.values():
+        failure.timestamp = 1_700_000_000
+    assert _launch(monkeypatch, failures) == 137
+    assert "the first, rank 1, was killed by signal 9 (SIGKILL) and wrote no message" in capsys.readouterr().err
