@@ -12,19 +12,18 @@ Example:
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
 import subprocess
 import sys
 import tempfile
-import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
 from flowrec.cli.common import fail
+from flowrec.cli.rank_reports import report_of
 from flowrec.runs.errors import EXIT_INTERRUPTED, EXIT_RANK_FAILED
 
 LAUNCHER_OPTIONS = {"--nproc", "--max-restarts"}  # ours, not the ranks' (each takes a value)
@@ -190,54 +189,11 @@ def share_cores() -> None:
             torch.set_num_threads(compute)
 
 
-def report_stop(line: str, status: int, follows: bool) -> None:
-    """What a rank that stops with its one line (`fail`) tells the others and torch's launcher.
-
-    The launcher learns it from this rank's error file (TORCHELASTIC_ERROR_FILE, which torch's
-    launcher sets for each rank and reads when the rank fails): the line, the status and whether
-    the rank only followed another's stop (`follows`; a lost rank's status 4 and an interrupt's 130
-    always do), so that
-    `first_failure` names the rank whose own error started it, and its line, not a rank that
-    failed a collective a moment later. The other ranks learn it from the rendezvous store
-    (`record_stop`, not for an interrupt): the one that loses this rank then stops as it does.
-    Best effort: a file that cannot be written is left out."""
-    # a lost rank (4) follows another; so does an interrupt (130): the launcher's SIGTERM to the ranks
-    # left after one was killed (`kill -9`, the out-of-memory killer) is no error of this rank's own
-    follows = follows or status in (EXIT_RANK_FAILED, EXIT_INTERRUPTED)
-    if not follows and status != 0 and "torch.distributed" in sys.modules:
-        from flowrec.runtime.distributed.world import record_stop
-
-        rank = os.environ.get("RANK", "")
-        if rank.isdigit():
-            record_stop(int(rank), status)
-    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    if not path:
-        return
-    now = time.time()
-    report = {"message": line, "timestamp": int(now),
-              REPORT_KEY: {"line": line, "status": status, "follows": follows, "time": now}}
-    try:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(report))
-    except OSError:
-        pass
-
-
-REPORT_KEY = "flowrec"  # a rank's own record in its error file (`report_stop`)
-
-
-def _report(failure: Any) -> dict:
-    """A failed rank's own record (`report_stop`), or {} (it wrote none: a signal, a traceback)."""
-    data = getattr(failure, "error_file_data", None)
-    record = data.get(REPORT_KEY) if isinstance(data, dict) else None
-    return record if isinstance(record, dict) else {}
-
-
 def _status(failure: Any) -> int | None:
-    """A failed rank's exit status: the one it reported with its line (`report_stop`), where the
+    """A failed rank's exit status: the one it reported with its line (`flowrec.cli.rank_reports.report_stop`), where the
     launcher's SIGTERM to the ranks left after a failure ended it as it was exiting (its line out,
     its status -15 said 'was killed by signal 15 and wrote no message'), else its exit code."""
-    reported = _report(failure).get("status")
+    reported = report_of(failure).get("status")
     return reported if isinstance(reported, int) and reported > 0 else failure.exitcode
 
 
@@ -266,7 +222,7 @@ def run_launcher(argv: list[str]) -> int:
         failed = ", ".join(str(r) for r in sorted(exc.failures))
         status = _status(failure)
         print(f"error: training failed: rank(s) {failed} exited; the first, rank {rank}, "
-              f"{_how_it_ended(status, _report(failure).get('line'))}", file=sys.stderr)
+              f"{_how_it_ended(status, report_of(failure).get('line'))}", file=sys.stderr)
         if status is not None and status < 0:
             return 128 - status  # a shell's status of a process its signal stopped
         return status if status else 1
@@ -285,11 +241,11 @@ def first_failure(failures: dict[int, Any]) -> tuple[int, Any]:
     poll (SIGTERM; 130 or 143 when handled) comes after any other failure of its second; a rank the
     launcher killed later (a hung rank, SIGKILL after its shutdown timeout) stays after the rank
     that timed out waiting for it. Before all of these: a rank that reported stopping on an error
-    of its own (`report_stop`), the earliest of them to the microsecond (the rank that lost it
+    of its own (`flowrec.cli.rank_reports.report_stop`), the earliest of them to the microsecond (the rank that lost it
     exits in the same second, with the same status 2 when it learned the cause)."""
     def key(rank: int) -> tuple[bool, float, float, bool, int]:
-        code, report = _status(failures[rank]), _report(failures[rank])
-        own = bool(report) and not report.get("follows")  # its own error, as the rank said (`report_stop`)
+        code, report = _status(failures[rank]), report_of(failures[rank])
+        own = bool(report) and not report.get("follows")  # its own error, as the rank said (`flowrec.cli.rank_reports.report_stop`)
         followed = code in (EXIT_RANK_FAILED, -signal.SIGTERM, 128 + signal.SIGTERM, EXIT_INTERRUPTED)
         return not own, float(report.get("time", 0)) if own else 0.0, failures[rank].timestamp, followed, rank
 
@@ -299,7 +255,7 @@ def first_failure(failures: dict[int, Any]) -> tuple[int, Any]:
 
 def _how_it_ended(exitcode: int | None, line: str | None = None) -> str:
     """How a failed rank ended, in words: a status and its own line where it reported one
-    (`report_stop`), else that its message is above, or a signal, which leaves no message (a
+    (`flowrec.cli.rank_reports.report_stop`), else that its message is above, or a signal, which leaves no message (a
     SIGKILL: the kernel's out-of-memory killer, `kill -9`, a scheduler)."""
     if exitcode is not None and exitcode < 0:
         try:

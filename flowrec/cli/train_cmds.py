@@ -851,7 +851,7 @@ def _fail_if_custom(exc: BaseException, trainer: "Trainer") -> None:
     (its own traceback is the user's code: `flowrec train` showed a traceback through flowrec's), or
     the custom modules of a model whose backward raised it, or the one whose state code raised it
     (a checkpoint's state_dict, a resume's load). Under `--nproc N` the other ranks learn it
-    (`fail` records it: `flowrec.cli.ranks.report_stop`), so the run ends with status 2 on every
+    (`fail` records it: `flowrec.cli.rank_reports.report_stop`), so the run ends with status 2 on every
     rank, its folder as one process leaves it."""
     from operators.custom import backward_failure, custom_failure, state_failure
 

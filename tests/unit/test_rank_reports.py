@@ -1,5 +1,5 @@
 """The launcher of `flowrec train --nproc N` names the rank whose own error stopped the run, with
-that error's line (`flowrec.cli.ranks.report_stop`, read back from torch's per-rank error files),
+that error's line (`flowrec.cli.rank_reports.report_stop`, read back from torch's per-rank error files),
 not a rank that lost it in the same second (a closed connection), whatever its rank number."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ def _failures(monkeypatch, tmp_path: Path, stops: list[tuple[int, int, str, bool
     from the error file `report_stop` wrote for it, all seen in one poll (the same second)."""
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-    from flowrec.cli import ranks
+    from flowrec.cli import rank_reports
 
     clock = [1_700_000_000.25]
 
@@ -22,12 +22,12 @@ def _failures(monkeypatch, tmp_path: Path, stops: list[tuple[int, int, str, bool
         clock[0] += random.uniform(1e-4, 0.2)  # within the same second: torch's whole-second stamps tie
         return clock[0]
 
-    monkeypatch.setattr(ranks.time, "time", tick)
+    monkeypatch.setattr(rank_reports.time, "time", tick)
     failures = {}
     for rank, status, line, follows in stops:
         path = tmp_path / f"rank{rank}" / "error.json"
         monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(path))
-        ranks.report_stop(line, status, follows)
+        rank_reports.report_stop(line, status, follows)
         failures[rank] = ProcessFailure(rank, 4240 + rank, status, str(path))
     return failures
 
