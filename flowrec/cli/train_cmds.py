@@ -454,15 +454,18 @@ def _train_in_world(request: RunRequest, spec, folder: Path, world) -> None:
     """`_train_in` on a rank: a collective that failed outside training's own handling (building
     the model's parallel parts, loading a checkpoint) because another rank stopped on an error of
     its own (bad data on that rank, a plan it refused) is this rank's one line naming that rank,
-    with its status, not a traceback of gloo's closed connection."""
+    with its status, and one lost without a word (killed as it loaded its data) a lost rank's
+    line, status 4, not a traceback of gloo's closed connection."""
+    from flowrec.runtime.distributed.world import lost_peer
+
     try:
         _train_in(request, spec, folder, world)
     except typer.Exit:  # a line already said (click's Exit is a RuntimeError)
         raise
     except RuntimeError as exc:
-        if world.stopped_rank() is None:
+        if world.stopped_rank() is None and not lost_peer(exc):
             raise
-        _fail_lost(world, exc)
+        _fail_lost(world, exc, "stopped before training: ")
 
 
 def _exit_finished_rank() -> None:

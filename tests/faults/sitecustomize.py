@@ -11,8 +11,8 @@ FLOWREC_TEST_HOLD_END="DIR" makes rank 0, once its run has finished (before its 
 write its process id to DIR/held-end and wait until DIR/release exists (at most HOLD_S seconds).
 
 FLOWREC_TEST_DATA_ERROR="RANK" makes rank RANK's loading of the run's data raise the DataError a
-damaged file that only this rank reads would raise; "RANK:kill" kills the rank there instead
-(SIGKILL, as the out-of-memory killer does). Without the variables (or in a process that is
+damaged file that only this rank reads would raise; "RANK:kill" kills the rank there instead, after
+KILL_AFTER_S seconds (SIGKILL, as the out-of-memory killer does). Without the variables (or in a process that is
 not a rank) nothing is changed.
 """
 from __future__ import annotations
@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 HOLD_S = 120.0
+KILL_AFTER_S = 3.0
 
 
 def _install(setting: str) -> None:
@@ -66,7 +67,8 @@ def _install_data_error(setting: str) -> None:
     from flowrec.data.layout import DataError
 
     def damaged(*args, **kwargs):
-        if how == "kill":
+        if how == "kill":  # once the other ranks wait for it in a collective
+            time.sleep(KILL_AFTER_S)
             os.kill(os.getpid(), signal.SIGKILL)
         raise DataError(f"part-00000.parquet: row group 1 cannot be read on rank {rank} (injected)")
 

@@ -187,6 +187,17 @@ def stopped_rank(rank: int, size: int) -> tuple[int, int] | None:
     return None
 
 
+def lost_peer(exc: BaseException) -> bool:
+    """Whether `exc` is a collective that failed because another rank is gone or did not answer:
+    torch's distributed errors, and the RuntimeError gloo raises with its transport's words (a
+    closed or reset connection, a timeout)."""
+    if isinstance(exc, dist.DistError):
+        return True
+    text = first_line(exc).lower()
+    return "gloo" in text or "nccl" in text or any(
+        words in text for words in ("connection closed", "connection reset", "timed out", "timeout"))
+
+
 def leave_world() -> None:
     """Destroy the process groups (idempotent)."""
     if dist.is_available() and dist.is_initialized():
