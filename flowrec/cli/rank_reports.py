@@ -21,28 +21,28 @@ from flowrec.runs.errors import EXIT_INTERRUPTED, EXIT_RANK_FAILED
 def report_stop(line: str, status: int, follows: bool) -> None:
     """What a rank that stops with its one line (`fail`) tells the others and torch's launcher.
 
-    The launcher learns it from this rank's error file (TORCHELASTIC_ERROR_FILE, which torch's
-    launcher sets for each rank and reads when the rank fails): the line, the status and whether
-    the rank only followed another's stop (`follows`; a lost rank's status 4 and an interrupt's 130
-    always do), so that `first_failure` names the rank whose own error started it, and its line,
-    not a rank that failed a collective a moment later. The other ranks learn it from the
-    rendezvous store (`record_stop`, not for an interrupt): the one that loses this rank then stops
-    as it does. Best effort: a file that cannot be written is left out."""
-    # a lost rank (4) follows another; so does an interrupt (130): the launcher's SIGTERM to the ranks
-    # left after one was killed (`kill -9`, the out-of-memory killer) is no error of this rank's own
-    follows = follows or status in (EXIT_RANK_FAILED, EXIT_INTERRUPTED)
-    if not follows and status != 0 and "torch.distributed" in sys.modules:
+    The launcher learns of an error of this rank's own from the rank's error file
+    (TORCHELASTIC_ERROR_FILE, which torch's launcher sets for each rank and reads when the rank
+    fails): its line, status and time, so that `first_failure` names the rank whose own error
+    started it, with its line, not a rank that failed a collective a moment later. A rank that
+    only follows another's stop (`follows`; a lost rank's status 4 and an interrupt's 130 always
+    do: the launcher's SIGTERM to the ranks left after one was killed) writes none: the launcher
+    stamps it when it sees it exit, as the rank that was killed beside it (the time it stopped, a
+    second before that poll, named it first). The other ranks learn of an error of its own from
+    the rendezvous store (`record_stop`): the one that loses this rank then stops as it does.
+    Best effort: a file that cannot be written is left out."""
+    if follows or status in (0, EXIT_RANK_FAILED, EXIT_INTERRUPTED):
+        return
+    rank = os.environ.get("RANK", "")
+    if "torch.distributed" in sys.modules and rank.isdigit():
         from flowrec.runtime.distributed.world import record_stop
 
-        rank = os.environ.get("RANK", "")
-        if rank.isdigit():
-            record_stop(int(rank), status)
+        record_stop(int(rank), status)
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path:
         return
     now = time.time()
-    report = {"message": line, "timestamp": int(now),
-              REPORT_KEY: {"line": line, "status": status, "follows": follows, "time": now}}
+    report = {"message": line, "timestamp": int(now), REPORT_KEY: {"line": line, "status": status, "time": now}}
     try:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(json.dumps(report))
@@ -54,7 +54,8 @@ REPORT_KEY = "flowrec"  # a rank's own record in its error file (`report_stop`)
 
 
 def report_of(failure: Any) -> dict:
-    """A failed rank's own record (`report_stop`), or {} (it wrote none: a signal, a traceback)."""
+    """A failed rank's record of an error of its own (`report_stop`), or {} (it wrote none: it
+    followed another rank, or a signal or a traceback ended it)."""
     data = getattr(failure, "error_file_data", None)
     record = data.get(REPORT_KEY) if isinstance(data, dict) else None
     return record if isinstance(record, dict) else {}

@@ -190,7 +190,7 @@ def share_cores() -> None:
 
 
 def _status(failure: Any) -> int | None:
-    """A failed rank's exit status: the one it reported with its line (`flowrec.cli.rank_reports.report_stop`), where the
+    """A failed rank's exit status: the one it reported with its line (`rank_reports.report_stop`), where the
     launcher's SIGTERM to the ranks left after a failure ended it as it was exiting (its line out,
     its status -15 said 'was killed by signal 15 and wrote no message'), else its exit code."""
     reported = report_of(failure).get("status")
@@ -241,11 +241,11 @@ def first_failure(failures: dict[int, Any]) -> tuple[int, Any]:
     poll (SIGTERM; 130 or 143 when handled) comes after any other failure of its second; a rank the
     launcher killed later (a hung rank, SIGKILL after its shutdown timeout) stays after the rank
     that timed out waiting for it. Before all of these: a rank that reported stopping on an error
-    of its own (`flowrec.cli.rank_reports.report_stop`), the earliest of them to the microsecond (the rank that lost it
+    of its own (`rank_reports.report_stop`), the earliest of them to the microsecond (the rank that lost it
     exits in the same second, with the same status 2 when it learned the cause)."""
     def key(rank: int) -> tuple[bool, float, float, bool, int]:
         code, report = _status(failures[rank]), report_of(failures[rank])
-        own = bool(report) and not report.get("follows")  # its own error, as the rank said (`flowrec.cli.rank_reports.report_stop`)
+        own = bool(report)  # an error of its own, as the rank said (`rank_reports.report_stop`)
         followed = code in (EXIT_RANK_FAILED, -signal.SIGTERM, 128 + signal.SIGTERM, EXIT_INTERRUPTED)
         return not own, float(report.get("time", 0)) if own else 0.0, failures[rank].timestamp, followed, rank
 
@@ -255,7 +255,7 @@ def first_failure(failures: dict[int, Any]) -> tuple[int, Any]:
 
 def _how_it_ended(exitcode: int | None, line: str | None = None) -> str:
     """How a failed rank ended, in words: a status and its own line where it reported one
-    (`flowrec.cli.rank_reports.report_stop`), else that its message is above, or a signal, which leaves no message (a
+    (`rank_reports.report_stop`), else that its message is above, or a signal, which leaves no message (a
     SIGKILL: the kernel's out-of-memory killer, `kill -9`, a scheduler)."""
     if exitcode is not None and exitcode < 0:
         try:

@@ -60,7 +60,8 @@ def _check_lines(err: str, rank: int) -> None:
     assert len(own) == 1 and f"cannot be read on rank {rank} (injected)" in own[0], err[-3000:]
     follower = [line for line in err.splitlines() if line.startswith(f"error: rank {other}: ")]
     # rank 0 refusing the data it prepares is its line alone (the others learn it and stop without one)
-    said = [] if rank == 0 else [f"error: rank {other}: rank {rank} stopped first (its line says why)"]
+    said = [] if rank == 0 else [
+        f"error: rank {other}: stopped before training: rank {rank} stopped first (its line says why)"]
     assert follower == said, err[-3000:]
     last = err.strip().splitlines()[-1]  # rank 1 left without a status of its own (0) after rank 0's refusal
     assert last.startswith("error: training failed: rank(s) 0") and last.endswith(
