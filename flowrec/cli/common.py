@@ -245,10 +245,17 @@ def check_seed_option(flag: str, seed: int | None) -> None:
         fail(f"{flag} must be in 0..{MAX_SEED} (2^63-1), not {seed}")
 
 
-def fail(message: str, code: int = EXIT_INVALID) -> NoReturn:
+def fail(message: str, code: int = EXIT_INVALID, follows: bool = False) -> NoReturn:
     """Print `error: message` on stderr (`error: rank R: message` in a multi-rank launch) and exit
-    with `code`. The message is one line: a line break in it (a file's name) is escaped."""
-    typer.echo(f"error: {rank_prefix()}{one_line(message)}", err=True)  # a name holding a line break
+    with `code`. The message is one line: a line break in it (a file's name) is escaped. A rank of a
+    launch also reports it to the launcher and the other ranks (`flowrec.cli.rank_reports.report_stop`);
+    `follows`: this rank stops only because another one did (status 4 always does)."""
+    line = one_line(message)  # a name holding a line break
+    typer.echo(f"error: {rank_prefix()}{line}", err=True)
+    if rank_prefix():
+        from flowrec.cli.rank_reports import report_stop
+
+        report_stop(line, code, follows)
     raise typer.Exit(code)
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from flowrec.cli.common import fail
+from flowrec.cli.rank_reports import report_of
 from flowrec.runs.errors import EXIT_INTERRUPTED, EXIT_RANK_FAILED
 
 LAUNCHER_OPTIONS = {"--nproc", "--max-restarts"}  # ours, not the ranks' (each takes a value)
@@ -188,6 +189,14 @@ def share_cores() -> None:
             torch.set_num_threads(compute)
 
 
+def _status(failure: Any) -> int | None:
+    """A failed rank's exit status: the one it reported with its line (`rank_reports.report_stop`), where the
+    launcher's SIGTERM to the ranks left after a failure ended it as it was exiting (its line out,
+    its status -15 said 'was killed by signal 15 and wrote no message'), else its exit code."""
+    reported = report_of(failure).get("status")
+    return reported if isinstance(reported, int) and reported > 0 else failure.exitcode
+
+
 def restart_count() -> int:
     """How often the launcher restarted the ranks of this job (0: the first attempt)."""
     text = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
@@ -207,15 +216,16 @@ def run_launcher(argv: list[str]) -> int:
     try:
         run(parse_args(argv))
     except ChildFailedError as exc:
-        if all(failure.exitcode == EXIT_INTERRUPTED for failure in exc.failures.values()):
+        if all(_status(failure) == EXIT_INTERRUPTED for failure in exc.failures.values()):
             return EXIT_INTERRUPTED  # a signal to a rank (not to this launcher): rank 0 said where it stopped
         rank, failure = first_failure(exc.failures)
         failed = ", ".join(str(r) for r in sorted(exc.failures))
+        status = _status(failure)
         print(f"error: training failed: rank(s) {failed} exited; the first, rank {rank}, "
-              f"{_how_it_ended(failure.exitcode)}", file=sys.stderr)
-        if failure.exitcode is not None and failure.exitcode < 0:
-            return 128 - failure.exitcode  # a shell's status of a process its signal stopped
-        return failure.exitcode if failure.exitcode else 1
+              f"{_how_it_ended(status, report_of(failure).get('line'))}", file=sys.stderr)
+        if status is not None and status < 0:
+            return 128 - status  # a shell's status of a process its signal stopped
+        return status if status else 1
     except SignalException as exc:
         return 128 + int(exc.sigval)
     return 0
@@ -230,26 +240,30 @@ def first_failure(failures: dict[int, Any]) -> tuple[int, Any]:
     rank was named. A rank that lost a collective (status 4) or that the launcher stopped in that
     poll (SIGTERM; 130 or 143 when handled) comes after any other failure of its second; a rank the
     launcher killed later (a hung rank, SIGKILL after its shutdown timeout) stays after the rank
-    that timed out waiting for it."""
-    def key(rank: int) -> tuple[float, bool, int]:
-        code = failures[rank].exitcode
+    that timed out waiting for it. Before all of these: a rank that reported stopping on an error
+    of its own (`rank_reports.report_stop`), the earliest of them to the microsecond (the rank that lost it
+    exits in the same second, with the same status 2 when it learned the cause)."""
+    def key(rank: int) -> tuple[bool, float, float, bool, int]:
+        code, report = _status(failures[rank]), report_of(failures[rank])
+        own = bool(report)  # an error of its own, as the rank said (`rank_reports.report_stop`)
         followed = code in (EXIT_RANK_FAILED, -signal.SIGTERM, 128 + signal.SIGTERM, EXIT_INTERRUPTED)
-        return failures[rank].timestamp, followed, rank
+        return not own, float(report.get("time", 0)) if own else 0.0, failures[rank].timestamp, followed, rank
 
     rank = min(failures, key=key)
     return rank, failures[rank]
 
 
-def _how_it_ended(exitcode: int | None) -> str:
-    """How a failed rank ended, in words: a status (its message is above) or a signal, which leaves
-    no message (a SIGKILL: the kernel's out-of-memory killer, `kill -9`, a scheduler)."""
+def _how_it_ended(exitcode: int | None, line: str | None = None) -> str:
+    """How a failed rank ended, in words: a status and its own line where it reported one
+    (`rank_reports.report_stop`), else that its message is above, or a signal, which leaves no message (a
+    SIGKILL: the kernel's out-of-memory killer, `kill -9`, a scheduler)."""
     if exitcode is not None and exitcode < 0:
         try:
             name = f" ({signal.Signals(-exitcode).name})"
         except ValueError:
             name = ""
         return f"was killed by signal {-exitcode}{name} and wrote no message"
-    return f"with status {exitcode} (its message is above)"
+    return f"with status {exitcode}: {line}" if line else f"with status {exitcode} (its message is above)"
 
 
 if __name__ == "__main__":  # the launcher process of `flowrec train --nproc N`

@@ -10,7 +10,7 @@ import sys
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, NoReturn, Optional
 
 import typer
 
@@ -417,14 +417,14 @@ def _train_as_rank(request: RunRequest, spec, folder: Path | None) -> None:
         try:  # the others wait for the run folder and learn whether rank 0 refused it
             refused = world.any(refusal is not None)
         except RuntimeError as exc:
-            fail(f"{_rank_lost(world, exc)} while waiting for the run folder", EXIT_RANK_FAILED)
+            _fail_lost(world, exc, note=" while waiting for the run folder")
         if refusal is not None:
             fail(refusal)
         if refused:  # rank 0's one line says why; the launch's status is its 2 (this rank's 0 adds no failure)
             raise typer.Exit(0)
         refused = False
         try:
-            _train_in(request, spec, folder, world)
+            _train_in_world(request, spec, folder, world)
         except typer.Exit as stop:
             refused = stop.exit_code == EXIT_INVALID  # bad input: not an interrupt, OOM, a lost rank
             raise
@@ -436,7 +436,39 @@ def _train_as_rank(request: RunRequest, spec, folder: Path | None) -> None:
             exit_without_teardown(EXIT_RANK_FAILED)  # sockets: destroying its groups aborted the rank now and then
         raise
     finally:
+        _ignore_stop_signals()  # this rank's line is out: a signal now said "before training started"
         leave_world()
+
+
+def _ignore_stop_signals() -> None:
+    """Ignore Ctrl-C, SIGTERM and SIGHUP from here on: a rank whose run is over (its line said, or the
+    run finished) only leaves the process groups and exits, which a signal would cut short with a
+    wrong line ('interrupted ... before training started; nothing was trained'); torch's launcher
+    kills a rank that does not exit in its shutdown time."""
+    import signal
+
+    from flowrec.data.interrupts import stop_signals
+
+    for sig in (signal.SIGINT, *stop_signals()):
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def _train_in_world(request: RunRequest, spec, folder: Path, world) -> None:
+    """`_train_in` on a rank: a collective that failed outside training's own handling (building
+    the model's parallel parts, loading a checkpoint) because another rank stopped on an error of
+    its own (bad data on that rank, a plan it refused) is this rank's one line naming that rank,
+    with its status, and one lost without a word (killed as it loaded its data) a lost rank's
+    line, status 4, not a traceback of gloo's closed connection."""
+    from flowrec.runtime.distributed.world import lost_peer
+
+    try:
+        _train_in(request, spec, folder, world)
+    except typer.Exit:  # a line already said (click's Exit is a RuntimeError)
+        raise
+    except RuntimeError as exc:
+        if world.stopped_rank() is None and not lost_peer(exc):
+            raise
+        _fail_lost(world, exc, "stopped before training: ")
 
 
 def _exit_finished_rank() -> None:
@@ -456,7 +488,19 @@ def _rank_agree(world, flag: bool, what: str) -> bool:
     try:
         return world.any(flag)
     except RuntimeError as exc:
-        fail(f"{_rank_lost(world, exc)} while waiting for {what}", EXIT_RANK_FAILED)
+        _fail_lost(world, exc, note=f" while waiting for {what}")
+
+
+def _fail_lost(world, exc: BaseException, where: str = "", note: str = "") -> NoReturn:
+    """This rank's line after a collective failed (`where` before, `note` after the cause): the
+    rank that stopped first on an error of its own (it recorded its status, `report_stop`), with
+    that status (2 for bad input: the run folder left as one process leaves it), its own line
+    saying why; else another rank died or hung (status 4, the collective's words)."""
+    stopped = world.stopped_rank()
+    if stopped is not None:
+        rank, status = stopped
+        fail(f"{where}rank {rank} stopped first (its line says why){note}", status, follows=True)
+    fail(f"{where}{_rank_lost(world, exc)}{note}", EXIT_RANK_FAILED)
 
 
 def _rank_lost(world, exc: BaseException) -> str:
@@ -760,7 +804,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
         first_step = trainer.position.step  # a resumed run's step count goes on from here
         result = trainer.fit(session.train, session.eval, hooks=hooks)
     except (DataError, CheckpointError, MetricsError, RunFolderError, TrainingStopped) as exc:
-        fail(str(exc))
+        fail(*_own_or_followed(exc, world))
     except CacheCapacityError as exc:
         fail(f"at step {trainer.position.step + 1}: {exc}; {trainer.checkpoint_note()}")
     except KeyboardInterrupt as exc:
@@ -770,49 +814,63 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
         if out_of_memory(exc):  # torch's CUDA error, or the CPU allocator's RuntimeError
             fail(f"out of memory at step {trainer.position.step + 1} on {session.device}: {first_line(exc)}; "
                  f"{trainer.checkpoint_note()}. {memory_hint()}", EXIT_OUT_OF_MEMORY)
-        _fail_if_custom(exc, trainer, world)
+        _fail_if_custom(exc, trainer)
         if world is None:
             raise
         where = (f"stopped at the end of the run, after its last step ({trainer.position.step})"
                  if trainer.finished(session.train) else f"stopped at step {trainer.position.step + 1}")
-        if refused := world.refused_ranks():  # a custom module raised there: stop as one process does (exit 2)
-            fail(f"{where}: rank {refused[0]} stopped on its custom module (its line says why); "
-                 f"{trainer.checkpoint_note()}")
-        fail(f"{where}: {_rank_lost(world, exc)}; {trainer.checkpoint_note()}", EXIT_RANK_FAILED)
+        _fail_lost(world, exc, f"{where}: ", f"; {trainer.checkpoint_note()}")
     except Exception as exc:  # a user's custom module may raise anything in training or evaluation
-        _fail_if_custom(exc, trainer, world)
+        _fail_if_custom(exc, trainer)
         raise
     finally:
         session.close_data()
         forget_kept_sample()  # a run that stopped before its hot set was chosen holds no sample
     if not trainer.lead:
         return
-    _report(result, folder, request.json_out, request.json_lines, first_step)
-    if request.report:
-        from flowrec.runtime.run_report import run_report
+    from flowrec.runtime.trainer import GracefulInterrupt
 
-        spec = session.spec
-        for line in run_report(result, session.plan, spec.training.batch_size, len(spec.dense_features),
-                               len(spec.heads), first_step):
-            _say(line)
+    with GracefulInterrupt() as late:  # the run is whole: a signal now must not cut its closing lines short
+        _report(result, folder, request.json_out, request.json_lines, first_step)
+        if request.report:
+            from flowrec.runtime.run_report import run_report
+
+            spec = session.spec
+            for line in run_report(result, session.plan, spec.training.batch_size, len(spec.dense_features),
+                                   len(spec.heads), first_step):
+                _say(line)
     if result.interrupted:
         _say(f"interrupted: checkpoint saved; continue with  {resume_cmd}")
         raise typer.Exit(EXIT_INTERRUPTED)
+    if late.requested:  # it said "before training started; nothing was trained"
+        _say(f"interrupted after the run finished: {folder} holds all of it, its checkpoint of step "
+             f"{trainer.position.step} included; nothing to continue")
+        raise typer.Exit(EXIT_INTERRUPTED)
 
 
-def _fail_if_custom(exc: BaseException, trainer: "Trainer", world=None) -> None:
+def _own_or_followed(exc: Exception, world) -> tuple[str, int, bool]:
+    """`fail`'s arguments for a run's error: a checkpoint that failed on another rank (its
+    `failed_rank`: a shard it could not write) is that rank's error, which this rank only follows,
+    and its line says whose it is (rank 0's bare 'No space left on device' read as its own disk)."""
+    failed = getattr(exc, "failed_rank", None) if world is not None else None
+    if failed is None or failed == world.rank:
+        return str(exc), EXIT_INVALID, False
+    from flowrec.runtime.checkpoint.store import CheckpointError
+
+    return (f"rank {failed} stopped first: {exc}" if isinstance(exc, CheckpointError) else str(exc)), EXIT_INVALID, True
+
+
+def _fail_if_custom(exc: BaseException, trainer: "Trainer") -> None:
     """One line naming the custom module whose forward raised `exc` in training or evaluation
     (its own traceback is the user's code: `flowrec train` showed a traceback through flowrec's), or
     the custom modules of a model whose backward raised it, or the one whose state code raised it
     (a checkpoint's state_dict, a resume's load). Under `--nproc N` the other ranks learn it
-    (`World.mark_refused`), so the run ends with status 2 on every rank, its folder as one process
-    leaves it."""
+    (`fail` records it: `flowrec.cli.rank_reports.report_stop`), so the run ends with status 2 on every
+    rank, its folder as one process leaves it."""
     from operators.custom import backward_failure, custom_failure, state_failure
 
     named = custom_failure(exc) or backward_failure(exc, trainer.model) or state_failure(exc, trainer.model)
     if named is not None:
-        if world is not None:
-            world.mark_refused()
         fail(f"at step {trainer.position.step + 1}: {named}; {trainer.checkpoint_note()}")
 
 

@@ -463,9 +463,15 @@ class Trainer:
                     result.eval = self._final_eval(eval_source)
             except KeyboardInterrupt:
                 interrupted = result.interrupted = True
-        if self._checkpointed != self._saved_position():  # not taken at this step already (--checkpoint-every)
-            self._checkpoint()
-        self._wait_checkpoints()  # no `saved` record after this: the end record is the proof
+        # the run's last checkpoint is what a first Ctrl-C or SIGTERM would take anyway: it is finished
+        # (a second signal stops at once); raised at once here, it stopped one rank between the others'
+        # collectives, and each rank said a line of its own without what was kept
+        with self._interrupt:
+            if self._checkpointed != self._saved_position():  # not taken at this step already (--checkpoint-every)
+                self._checkpoint()
+            self._wait_checkpoints()  # no `saved` record after this: the end record is the proof
+        if self._interrupt.requested:
+            interrupted = result.interrupted = True
         if self.stopper is not None:
             result.best_step = self.stopper.state.best_step
         result.stage_seconds = dict(self.stage_seconds)

@@ -1,11 +1,19 @@
 """Fault injection for the ranks of `flowrec train` in tests (this folder is put on PYTHONPATH only
-by tests/integration/test_dist_checkpoint_background.py; Python imports this module at start-up).
+by tests/integration/test_dist_checkpoint_background.py and test_nproc_rank_stops.py; Python imports
+this module at start-up).
 
 FLOWREC_TEST_HOLD_CHECKPOINT="RANK:STEP:DIR" makes rank RANK's checkpoint writer thread, at the
 checkpoint of step STEP (before its shard of a full checkpoint is streamed, or before its delta
 shard is written), write its process id to DIR/held-rank<RANK>-step<STEP> and wait until
-DIR/release exists (at most HOLD_S seconds), while training goes on. Without the variable (or in a
-process that is not a rank) nothing is changed.
+DIR/release exists (at most HOLD_S seconds), while training goes on.
+
+FLOWREC_TEST_HOLD_END="DIR" makes rank 0, once its run has finished (before its closing lines),
+write its process id to DIR/held-end and wait until DIR/release exists (at most HOLD_S seconds).
+
+FLOWREC_TEST_DATA_ERROR="RANK" makes rank RANK's loading of the run's data raise the DataError a
+damaged file that only this rank reads would raise; "RANK:kill" kills the rank there instead, after
+KILL_AFTER_S seconds (SIGKILL, as the out-of-memory killer does). Without the variables (or in a process that is
+not a rank) nothing is changed.
 """
 from __future__ import annotations
 
@@ -14,6 +22,7 @@ import time
 from pathlib import Path
 
 HOLD_S = 120.0
+KILL_AFTER_S = 3.0
 
 
 def _install(setting: str) -> None:
@@ -46,3 +55,46 @@ def _install(setting: str) -> None:
 
 if os.environ.get("FLOWREC_TEST_HOLD_CHECKPOINT") and "RANK" in os.environ:
     _install(os.environ["FLOWREC_TEST_HOLD_CHECKPOINT"])
+
+
+def _install_data_error(setting: str) -> None:
+    rank, _, how = setting.partition(":")
+    if os.environ.get("RANK") != rank:
+        return
+    import signal
+
+    import flowrec.runs.start as start
+    from flowrec.data.layout import DataError
+
+    def damaged(*args, **kwargs):
+        if how == "kill":  # once the other ranks wait for it in a collective
+            time.sleep(KILL_AFTER_S)
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise DataError(f"part-00000.parquet: row group 1 cannot be read on rank {rank} (injected)")
+
+    start.prepare = damaged
+
+
+if os.environ.get("FLOWREC_TEST_DATA_ERROR") and "RANK" in os.environ:
+    _install_data_error(os.environ["FLOWREC_TEST_DATA_ERROR"])
+
+
+def _install_end_hold(folder: str) -> None:
+    if os.environ.get("RANK") != "0":
+        return
+    import flowrec.cli.train_cmds as train_cmds
+
+    report = train_cmds._report
+
+    def held_report(*args, **kwargs):
+        (Path(folder) / "held-end").write_text(str(os.getpid()))
+        deadline = time.monotonic() + HOLD_S
+        while not (Path(folder) / "release").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return report(*args, **kwargs)
+
+    train_cmds._report = held_report
+
+
+if os.environ.get("FLOWREC_TEST_HOLD_END") and "RANK" in os.environ:
+    _install_end_hold(os.environ["FLOWREC_TEST_HOLD_END"])

@@ -62,3 +62,9 @@ def test_a_custom_module_raising_on_one_rank_ends_the_run_as_one_process_does(tm
     named = [line for line in ranks.stderr.splitlines() if line.startswith("error: rank 1: ")]
     assert len(named) == 1 and "flaky.py:Flaky) raised KeyError" in named[0], ranks.stderr
     assert "Traceback" not in ranks.stderr and not (tmp_path / "run").exists(), ranks.stderr
+    # the launcher's closing line names rank 1, whose own error it was, with its line (rank 0, which
+    # lost it in the same second with the same status 2, was named first now and then)
+    last = ranks.stderr.strip().splitlines()[-1]
+    assert last == f"error: training failed: rank(s) 0, 1 exited; the first, rank 1, with status 2: {named[0][15:]}", last
+    assert [line for line in ranks.stderr.splitlines() if line.startswith("error: rank 0: ")] == [
+        "error: rank 0: stopped at step 3: rank 1 stopped first (its line says why); no checkpoint was written"]

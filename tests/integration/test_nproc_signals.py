@@ -1,11 +1,13 @@
 """SIGTERM, SIGINT or SIGHUP to `flowrec train --nproc 2` (what `kill`, `timeout`, schedulers and a
 closed terminal send) reaches torch's launcher and both ranks: they checkpoint after the current
 step and exit, no process of the launch is left, and the printed resume command (which keeps
-`--nproc 2`) ends the run with the parameters of an uninterrupted one. SIGTERM to one process checkpoints as Ctrl-C does."""
+`--nproc 2`) ends the run with the parameters of an uninterrupted one. SIGTERM to one process checkpoints as Ctrl-C does.
+A signal as the run finishes (its final checkpoint, its closing lines) is one line of what was kept."""
 from __future__ import annotations
 
 import copy
 import os
+import random
 import shlex
 import signal
 import subprocess
@@ -20,6 +22,7 @@ from flowrec.testing.ranks import assert_same_model, run_flowrec, subprocess_env
 from flowrec.testing.specs import TINY
 
 ROOT = Path(__file__).resolve().parents[2]
+FAULTS = ROOT / "tests" / "faults"  # holds a rank at a given point (sitecustomize.py)
 TIMEOUT_S = 300  # every subprocess
 EXIT_S = 120  # from the signal to the last process of the launch gone
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="finds the ranks through /proc")
@@ -163,3 +166,52 @@ def test_a_rank_gets_sigterm_when_its_launcher_is_killed(tmp_path: Path):
     finally:
         parent.kill()
         parent.wait(timeout=30)
+
+
+@pytest.mark.parametrize("phase", ["final_checkpoint", "closing_lines"])
+def test_a_signal_as_the_run_finishes_is_one_line_of_what_was_kept(work: Path, tmp_path: Path, phase: str):
+    # Ctrl-C after the last step of `flowrec train --nproc 2`: during the final checkpoint each rank said
+    # 'error: rank N: interrupted (Ctrl-C) at step S; continue with ...' (nothing of what was kept), and
+    # during rank 0's closing lines 'interrupted (Ctrl-C) before training started; nothing was trained'
+    steps = random.choice([5, 6, 7, 9, 10])  # not a multiple of --checkpoint-every 4: the end takes its own
+    out = f"finish_{phase}"
+    env = {**subprocess_env(ROOT), "PYTHONPATH": f"{FAULTS}{os.pathsep}{ROOT}"}
+    if phase == "final_checkpoint":  # rank 1's writer held at the run's last checkpoint
+        env["FLOWREC_TEST_HOLD_CHECKPOINT"] = f"1:{steps}:{tmp_path}"
+        held = tmp_path / f"held-rank1-step{steps}"
+    else:  # rank 0 held after the run, before its closing lines
+        env["FLOWREC_TEST_HOLD_END"] = str(tmp_path)
+        held = tmp_path / "held-end"
+    job = subprocess.Popen([sys.executable, "-m", "flowrec", *_args(out), "--max-steps", str(steps)], cwd=work,
+                           env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        while not held.is_file() and time.monotonic() < deadline:
+            assert job.poll() is None, "the run ended before it was held"
+            time.sleep(0.1)
+        launch = _descendants(job.pid)
+        job.send_signal(signal.SIGINT)
+        time.sleep(3)  # the signal reaches the ranks while they are held
+        (tmp_path / "release").write_text("")
+        err = job.communicate(timeout=EXIT_S)[1]
+    finally:
+        (tmp_path / "release").write_text("")
+        if job.poll() is None:
+            job.kill()
+            job.wait(timeout=30)
+    deadline = time.monotonic() + EXIT_S
+    while any(_alive(p) for p in launch) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [p for p in launch if _alive(p)], err[-3000:]
+    assert job.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and not [line for line in err.splitlines() if line.startswith("error:")], err[-3000:]
+    said = [line for line in err.splitlines() if line.startswith("interrupted")]
+    if phase == "final_checkpoint":
+        assert said == [f"interrupted: checkpoint saved; continue with  flowrec train spec.yaml --resume {out} "
+                        f"--nproc 2"], err[-3000:]
+    else:
+        assert said == [f"interrupted after the run finished: {out} holds all of it, its checkpoint of step {steps} "
+                        f"included; nothing to continue"], err[-3000:]
+    from flowrec.runtime.checkpoint.store import load_checkpoint
+
+    assert load_checkpoint(work / out)["position"]["step"] == steps

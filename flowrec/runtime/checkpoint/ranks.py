@@ -354,9 +354,9 @@ class RankCheckpointer:
         except RuntimeError as exc:
             raise RankLost(f"the checkpoint of step {step} was not committed: another rank did not "
                            f"answer ({first_line(exc)})") from None
-        failed = next((o for o in outcomes if o[0] != "ok"), None)
+        failed = next((r for r, o in enumerate(outcomes) if o[0] != "ok"), None)
         if failed is not None:
-            raise ERRORS[failed[0]](failed[1])
+            raise _failure_of(outcomes[failed], failed)
         files = [tuple(o[1]) for o in outcomes]
         lead: list[Any] = [_attempt(lambda: lead_write(files)) if self.world.lead else None]
         if self.world.lead and lead[0][0] == "ok":
@@ -370,7 +370,7 @@ class RankCheckpointer:
                            f"answer ({first_line(exc)})") from None
         kind, value = lead[0]
         if kind != "ok":
-            raise ERRORS[kind](value)
+            raise _failure_of(lead[0], 0)
         return value if self.world.lead else None
 
     def _agree(self, failure: BaseException | None, bad: str | None = None, step: int | None = None) -> None:
@@ -381,20 +381,23 @@ class RankCheckpointer:
             raise failure
         if not self.world.any(failure is not None or bad is not None):
             return
+        # each with the rank whose error it is (a commit's failure came from the rank that failed to write)
+        rank = self.world.rank
         if failure is not None:
-            mine: Outcome = ("stopped" if isinstance(failure, TrainingStopped) else "error", str(failure))
+            mine: Any = ("stopped" if isinstance(failure, TrainingStopped) else "error", str(failure),
+                         getattr(failure, "failed_rank", rank))
         elif bad is not None:
-            mine = ("stopped", f"parameter {bad} is not finite at step {step}; not checkpointed, {self.note()}")
+            mine = ("stopped", f"parameter {bad} is not finite at step {step}; not checkpointed, {self.note()}", rank)
         else:
-            mine = ("ok", None)
+            mine = ("ok", None, rank)
         every: list[Any] = [None] * self.world.size
         dist.all_gather_object(every, mine)
-        kind, message = next(o for o in every if o[0] != "ok")
+        kind, message, failed = next(o for o in every if o[0] != "ok")
         self._chained = False  # the chain may have a hole: the next checkpoint is a full one
         if self._writer is not None:  # this rank's writer fails in the same job: wait for it, take it
             self._writer.finish()
             self._writer.accept_after_failure()
-        raise ERRORS[kind](message)
+        raise _failure_of((kind, message), failed)
 
     # ---------------------------------------------------------------- inline
     def _save_full(self, state_of: StateOf, folder: Path, step: int) -> str | None:
@@ -516,6 +519,15 @@ class RankCheckpointer:
         before = "none" if self.step is None else f"that of step {self.step}"
         return (f"the checkpoint of step {self._unsure} is kept if rank 0 wrote it before it stopped, "
                 f"else {before}")
+
+
+def _failure_of(outcome: Outcome, failed: int) -> Exception:
+    """The error rank `failed` reported (`outcome`), raised on every rank with `failed_rank`: whose
+    error it is (on the others the command's line follows that rank's: `fail(follows=...)`)."""
+    kind, message = outcome
+    error = ERRORS[kind](message)
+    error.failed_rank = failed
+    return error
 
 
 class RankLost(RuntimeError):

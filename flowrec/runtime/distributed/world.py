@@ -100,23 +100,10 @@ class World:
         dist.all_reduce(t)
         return bool(t.item() > 0)
 
-    def mark_refused(self) -> None:
-        """Record in the rendezvous store that this rank stops on bad input (a custom module that
-        raised: exit status 2), before it leaves: the ranks that lose it then (a closed connection)
-        stop as it does (`refused_ranks`), not as after a lost rank. Best effort: a store that cannot
-        be reached leaves the others' status 4."""
-        try:
-            dist.distributed_c10d._get_default_store().set(f"flowrec-refused/{self.rank}", "1")
-        except Exception:  # the store is gone with rank 0: nothing to tell
-            pass
-
-    def refused_ranks(self) -> list[int]:
-        """The other ranks that recorded stopping on bad input (`mark_refused`), without waiting."""
-        try:
-            store = dist.distributed_c10d._get_default_store()
-            return [r for r in range(self.size) if r != self.rank and store.check([f"flowrec-refused/{r}"])]
-        except Exception:  # no store: as if none did
-            return []
+    def stopped_rank(self) -> tuple[int, int] | None:
+        """(rank, exit status) of the lowest other rank that recorded stopping on its own error
+        (`record_stop`), without waiting; None when none did."""
+        return stopped_rank(self.rank, self.size)
 
     def gather(self, value: Any) -> list[Any]:
         """Every rank's `value` (picklable), in rank order, on every rank: what the ranks saw when
@@ -168,6 +155,47 @@ def _attempt_store(size: int, rank: int, timeout_s: float) -> dist.Store:
                           wait_for_workers=False)
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     return dist.PrefixStore(f"flowrec/attempt{attempt}/", store)
+
+
+STOP_KEY = "flowrec-stopped/"  # + rank: the exit status a rank stopped with on its own error
+
+
+def record_stop(rank: int, status: int) -> None:
+    """Record in the rendezvous store that rank `rank` stops on an error of its own with exit
+    status `status` (bad input: 2; out of memory: 3), before it leaves: the ranks that lose it then
+    (a closed connection) stop as it does (`stopped_rank`), with its status, not as after a lost
+    rank (4) with the collective's words. Best effort: no process group, or a store that cannot be
+    reached, leaves the others' status 4."""
+    try:
+        if dist.is_available() and dist.is_initialized():
+            dist.distributed_c10d._get_default_store().set(f"{STOP_KEY}{rank}", str(status))
+    except Exception:  # the store is gone with rank 0: nothing to tell
+        pass
+
+
+def stopped_rank(rank: int, size: int) -> tuple[int, int] | None:
+    """(rank, exit status) of the lowest rank other than `rank` that recorded its stop
+    (`record_stop`), without waiting; None when none did (or no store answers)."""
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        for other in range(size):
+            if other != rank and store.check([f"{STOP_KEY}{other}"]):
+                text = store.get(f"{STOP_KEY}{other}").decode()
+                return other, int(text) if text.isdigit() else 1
+    except Exception:  # no store: as if none did
+        pass
+    return None
+
+
+def lost_peer(exc: BaseException) -> bool:
+    """Whether `exc` is a collective that failed because another rank is gone or did not answer:
+    torch's distributed errors, and the RuntimeError gloo raises with its transport's words (a
+    closed or reset connection, a timeout)."""
+    if isinstance(exc, dist.DistError):
+        return True
+    text = first_line(exc).lower()
+    return "gloo" in text or "nccl" in text or any(
+        words in text for words in ("connection closed", "connection reset", "timed out", "timeout"))
 
 
 def leave_world() -> None:

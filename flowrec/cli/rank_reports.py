@@ -1,0 +1,61 @@
+"""What a rank of a launch that stops with its one line (`flowrec.cli.common.fail`) tells torch's
+launcher (its error file) and the other ranks (the rendezvous store), and how the launcher reads it
+back (`flowrec.cli.ranks.first_failure`).
+
+Example:
+    >>> report_of(object())
+    {}
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from flowrec.runs.errors import EXIT_INTERRUPTED, EXIT_RANK_FAILED
+
+
+def report_stop(line: str, status: int, follows: bool) -> None:
+    """What a rank that stops with its one line (`fail`) tells the others and torch's launcher.
+
+    The launcher learns of an error of this rank's own from the rank's error file
+    (TORCHELASTIC_ERROR_FILE, which torch's launcher sets for each rank and reads when the rank
+    fails): its line, status and time, so that `first_failure` names the rank whose own error
+    started it, with its line, not a rank that failed a collective a moment later. A rank that
+    only follows another's stop (`follows`; a lost rank's status 4 and an interrupt's 130 always
+    do: the launcher's SIGTERM to the ranks left after one was killed) writes none: the launcher
+    stamps it when it sees it exit, as the rank that was killed beside it (the time it stopped, a
+    second before that poll, named it first). The other ranks learn of an error of its own from
+    the rendezvous store (`record_stop`): the one that loses this rank then stops as it does.
+    Best effort: a file that cannot be written is left out."""
+    if follows or status in (0, EXIT_RANK_FAILED, EXIT_INTERRUPTED):
+        return
+    rank = os.environ.get("RANK", "")
+    if "torch.distributed" in sys.modules and rank.isdigit():
+        from flowrec.runtime.distributed.world import record_stop
+
+        record_stop(int(rank), status)
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    now = time.time()
+    report = {"message": line, "timestamp": int(now), REPORT_KEY: {"line": line, "status": status, "time": now}}
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(report))
+    except OSError:
+        pass
+
+
+REPORT_KEY = "flowrec"  # a rank's own record in its error file (`report_stop`)
+
+
+def report_of(failure: Any) -> dict:
+    """A failed rank's record of an error of its own (`report_stop`), or {} (it wrote none: it
+    followed another rank, or a signal or a traceback ended it)."""
+    data = getattr(failure, "error_file_data", None)
+    record = data.get(REPORT_KEY) if isinstance(data, dict) else None
+    return record if isinstance(record, dict) else {}

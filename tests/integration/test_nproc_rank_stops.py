@@ -1,0 +1,122 @@
+"""A rank of `flowrec train --nproc 2` that stops on an error of its own outside the training loop
+(its loading of the data, as a damaged file only it reads fails; its shard of the final checkpoint)
+ends the run as one process ends it: its one line, status 2, and the other rank's line naming it (no
+traceback of gloo's closed connection, no status 1 or 4); the launcher's last line names it with its
+line; the run folder is left as one process leaves it (a new run's removed, a resumed run's
+untouched, the last checkpoint kept)."""
+from __future__ import annotations
+
+import copy
+import hashlib
+import random
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flowrec.testing.ranks import run_flowrec, subprocess_env
+from flowrec.testing.specs import TINY
+
+ROOT = Path(__file__).resolve().parents[2]
+FAULTS = ROOT / "tests" / "faults"
+TIMEOUT_S = 300  # every subprocess: a rank left waiting fails the test, never hangs it
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("nproc_rank_stops")
+    doc = copy.deepcopy(TINY)
+    doc["name"] = "tiny_rank_stops"
+    doc["training"] = {"batch_size": 40, "epochs": 1, "seed": random.randrange(1 << 20)}
+    doc["heads"][1]["label"] = "label2"
+    (root / "spec.yaml").write_text(yaml.safe_dump(doc))
+    made = run_flowrec("data", "synth", "spec.yaml", "--rows", str(random.randrange(300, 500)), "--out", "d",
+                       "--seed", str(random.randrange(100)), "-q", cwd=root, root=ROOT, timeout_s=TIMEOUT_S)
+    assert made.returncode == 0, made.stderr
+    return root
+
+
+def _train(work: Path, *extra: str, failing_rank: int | str | None = None, nproc: int = 2):
+    import subprocess
+    import sys
+
+    env = subprocess_env(ROOT)
+    if failing_rank is not None:
+        env.update(PYTHONPATH=f"{FAULTS}:{ROOT}", FLOWREC_TEST_DATA_ERROR=str(failing_rank))
+    return subprocess.run([sys.executable, "-m", "flowrec", "train", "spec.yaml", "--data", "d", "-q",
+                           "--eval-every", "0", "--dist-timeout", "60", "--nproc", str(nproc), *extra], cwd=work, env=env,
+                          text=True, capture_output=True, timeout=TIMEOUT_S)
+
+
+def _digests(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file() and not p.name.startswith(".")}  # not the lock
+
+
+def _check_lines(err: str, rank: int) -> None:
+    other = 1 - rank
+    assert "Traceback" not in err and "Connection closed" not in err, err[-3000:]
+    own = [line for line in err.splitlines() if line.startswith(f"error: rank {rank}: ")]
+    assert len(own) == 1 and f"cannot be read on rank {rank} (injected)" in own[0], err[-3000:]
+    follower = [line for line in err.splitlines() if line.startswith(f"error: rank {other}: ")]
+    # rank 0 refusing the data it prepares is its line alone (the others learn it and stop without one)
+    said = [] if rank == 0 else [
+        f"error: rank {other}: stopped before training: rank {rank} stopped first (its line says why)"]
+    assert follower == said, err[-3000:]
+    last = err.strip().splitlines()[-1]  # rank 1 left without a status of its own (0) after rank 0's refusal
+    assert last.startswith("error: training failed: rank(s) 0") and last.endswith(
+        f" exited; the first, rank {rank}, with status 2: {own[0].split(': ', 2)[2]}"), last
+
+
+def test_a_rank_whose_data_fails_ends_a_new_run_as_one_process_does(work: Path) -> None:
+    rank = random.randrange(2)
+    done = _train(work, "--out", "new", failing_rank=rank)
+    assert done.returncode == 2, done.stderr[-3000:]
+    _check_lines(done.stderr, rank)
+    assert not (work / "new").exists()  # a new run refused on its data: nothing left, as one process
+
+
+def test_a_rank_whose_data_fails_on_resume_leaves_the_run_to_resume(work: Path) -> None:
+    first = _train(work, "--out", "run", "--max-steps", "2", nproc=1)
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = _digests(work / "run")
+    done = _train(work, "--resume", "run", "--max-steps", "4", failing_rank=1)
+    assert done.returncode == 2, done.stderr[-3000:]
+    _check_lines(done.stderr, 1)
+    assert _digests(work / "run") == before  # untouched: `--resume run` continues from the checkpoint of step 2
+
+
+def test_a_final_checkpoint_one_rank_cannot_write_is_its_line_and_keeps_the_last(work: Path) -> None:
+    # rank 1 could not write its shard of the final checkpoint: rank 0 said the same bare line as its
+    # own, and the launcher named rank 1 'killed by signal 15 (SIGTERM) and wrote no message', exit 143
+    from flowrec.runtime.checkpoint.store import load_checkpoint
+
+    first = _train(work, "--out", "ck", "--max-steps", "2", nproc=1)
+    assert first.returncode == 0, first.stderr[-3000:]
+    blocker = work / "ck" / "checkpoint.shards" / "step000000004-rank1-of2.pt"  # a folder in the way
+    blocker.mkdir(parents=True)
+    (blocker / "keep").write_text("")
+    done = _train(work, "--resume", "ck", "--max-steps", "4")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    own = [line for line in done.stderr.splitlines() if line.startswith("error: rank 1: ")]
+    assert len(own) == 1 and f"could not write checkpoint {Path('ck') / blocker.parent.name / blocker.name}" in own[0]
+    said = own[0].split(": ", 2)[2]
+    assert [line for line in done.stderr.splitlines() if line.startswith("error: rank 0: ")] == [
+        f"error: rank 0: rank 1 stopped first: {said}"], done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last == f"error: training failed: rank(s) 0, 1 exited; the first, rank 1, with status 2: {said}", last
+    assert load_checkpoint(work / "ck")["position"]["step"] == 2  # the last whole checkpoint stays
+
+
+def test_a_rank_killed_while_loading_its_data_is_the_one_named(work: Path) -> None:
+    # rank 1 killed (the out-of-memory killer) as it loaded its data: the launcher stopped rank 0, whose
+    # 'interrupted (SIGTERM) before training started' line (status 130) the launcher named as the first
+    done = _train(work, "--out", "killed", failing_rank="1:kill")
+    assert done.returncode == 128 + 9 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    # rank 0: stopped by the launcher (an interrupt), or, where it met the closed connection first
+    # (building DDP), a lost rank's line where it was a traceback
+    said = [line for line in done.stderr.splitlines() if line.startswith("error: rank 0: ")]
+    assert len(said) == 1 and ("interrupted (SIGTERM)" in said[0] or "another rank failed" in said[0]), said
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: training failed: rank(s) ") and last.endswith(
+        " exited; the first, rank 1, was killed by signal 9 (SIGKILL) and wrote no message"), done.stderr[-3000:]
