@@ -141,13 +141,10 @@ class EvalNan(nn.Module):
 '''
 
 
-def test_nan_evaluation_scores_name_the_custom_module_that_returned_them(tmp_path):
-    """'the model scored NaN for some of the N evaluation rows (a parameter or an input beyond
-    float32)' named no module, where training's non-finite loss names it (non_finite_outputs)."""
+def _write_evalnan_spec(tmp_path, above: float, seed: int) -> None:
+    """spec.yaml (and its class file) of a custom module returning NaN for rows whose x0 > `above`."""
     import yaml
 
-    rng = np.random.default_rng()
-    above = float(rng.uniform(0.5, 1.5))
     (tmp_path / "evalnan.py").write_text(EVAL_NAN)
     doc = {"name": "evalnan",
            "features": [{"name": "x0", "type": "dense"}, {"name": "x1", "type": "dense"},
@@ -156,8 +153,16 @@ def test_nan_evaluation_scores_name_the_custom_module_that_returned_them(tmp_pat
                         "inputs": ["@dense", "@sparse"], "params": {"in_features": 10, "above": above}},
                        {"name": "top", "kind": "mlp", "inputs": ["mine"], "layers": [4]}],
            "heads": [{"name": "ctr", "input": "top"}],
-           "training": {"batch_size": 64, "seed": int(rng.integers(1 << 20))}}
+           "training": {"batch_size": 64, "seed": seed}}
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump(doc))
+
+
+def test_nan_evaluation_scores_name_the_custom_module_that_returned_them(tmp_path):
+    """'the model scored NaN for some of the N evaluation rows (a parameter or an input beyond
+    float32)' named no module, where training's non-finite loss names it (non_finite_outputs)."""
+    rng = np.random.default_rng()
+    above = float(rng.uniform(0.5, 1.5))
+    _write_evalnan_spec(tmp_path, above, int(rng.integers(1 << 20)))
     rows = int(rng.integers(200, 400))
     result = invoke(["train", tmp_path / "spec.yaml", "--rows", rows, "--out", tmp_path / "run", "-q",
                      "--device", "cpu"])
@@ -187,22 +192,11 @@ def test_python_api_warns_of_nan_scores_and_of_one_class_labels(tmp_path):
     evaluation leaves AUC undefined): the API now warns the same lines."""
     import warnings
 
-    import yaml
-
     import flowrec
 
     rng = np.random.default_rng()
     above = float(rng.uniform(0.5, 1.5))
-    (tmp_path / "evalnan.py").write_text(EVAL_NAN)
-    doc = {"name": "evalnan",
-           "features": [{"name": "x0", "type": "dense"}, {"name": "x1", "type": "dense"},
-                        {"name": "user", "type": "categorical", "hash_buckets": 300, "dim": 8}],
-           "modules": [{"name": "mine", "kind": "custom", "class": f"{tmp_path / 'evalnan.py'}:EvalNan",
-                        "inputs": ["@dense", "@sparse"], "params": {"in_features": 10, "above": above}},
-                       {"name": "top", "kind": "mlp", "inputs": ["mine"], "layers": [4]}],
-           "heads": [{"name": "ctr", "input": "top"}],
-           "training": {"batch_size": 64, "seed": int(rng.integers(1 << 20))}}
-    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(doc))
+    _write_evalnan_spec(tmp_path, above, int(rng.integers(1 << 20)))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         flowrec.train(tmp_path / "spec.yaml", rows=int(rng.integers(200, 400)), out=tmp_path / "run", device="cpu")
