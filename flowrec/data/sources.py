@@ -72,12 +72,26 @@ def read_criteo(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set
     """
     _refuse_folder(path, "criteo")
     encoding = _fixed_layout_encoding(options, "criteo", "tab-separated, no header")
+    if scoring is None and options.get("has_label", True) and _unlabelled_criteo(path):
+        # every row would be 'wrong field count (39, expected 40)', whose '--on-error skip' drops them all
+        raise DataError(f"{path}: its rows hold 39 fields, the layout of Criteo's test files (no label column); "
+                        "training data needs the label first (40 fields). To score this file with a trained "
+                        f"model: flowrec predict PKG {path} --format criteo")
     names = CRITEO_COLUMNS if options.get("has_label", True) else CRITEO_COLUMNS[1:]
     numeric = set(numeric) | {"label"} | {c for c in CRITEO_COLUMNS if c.startswith("I")}
     yield from csv_chunks(path, log, numeric, delimiter="\t", names=names,
                           required=set() if scoring else {"label"},
                           chunk_bytes=options.get("chunk_bytes", CHUNK_BYTES), encoding=encoding,
                           scoring=scoring is not None, columns=_scored_columns(scoring, "label", names))
+
+
+def _unlabelled_criteo(path: Path) -> bool:
+    """Whether the first row of a Criteo TSV file has the 39 fields of Criteo's test files (False
+    where it cannot tell: the reader then says what is wrong)."""
+    try:
+        return not criteo_has_label(path)
+    except DataError:
+        return False
 
 
 def criteo_has_label(path: Path) -> bool:

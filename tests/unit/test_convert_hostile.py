@@ -137,3 +137,27 @@ def test_libsvm_lines_ended_by_a_carriage_return_alone_are_said_so(tmp_path: Pat
     assert convert(spec, "libsvm", [tmp_path / "unix.svm"], tmp_path / "out").rows == len(rows)
     with pytest.raises(DataError, match=r"line 1 is longer than 16 bytes \(no line break in it: lines ended by \\r"):
         list(bounded_lines(io.BytesIO(raw.read_bytes()), raw, limit=16))
+
+
+def test_a_criteo_test_file_without_labels_is_named_as_such_not_skippable(tmp_path: Path) -> None:
+    """`data convert criteo test.tsv` of Criteo's test layout (39 fields, no label) said 'wrong field
+    count (39, expected 40) ... use --on-error skip', which would skip every row; it now says the file
+    is label-less and how to score it, before anything is written. A labelled file still converts."""
+    from flowrec.spec import load_spec
+
+    rng = np.random.default_rng()
+    spec = load_spec(Path(__file__).resolve().parents[2] / "specs" / "dlrm_criteo.yaml")
+    rows = int(rng.integers(20, 80))
+
+    def row(label: bool) -> str:
+        ints = [str(v) if rng.random() > 0.2 else "" for v in rng.zipf(1.5, 13)]
+        cats = [format(int(v), "x") for v in rng.zipf(1.3, 26)]
+        return "\t".join(([str(int(rng.random() < 0.3))] if label else []) + ints + cats)
+
+    (tmp_path / "test.tsv").write_text("".join(row(False) + "\n" for _ in range(rows)))
+    with pytest.raises(DataError) as caught:
+        convert(spec, "criteo", [tmp_path / "test.tsv"], tmp_path / "out")
+    assert "39 fields" in str(caught.value) and "--format criteo" in str(caught.value)
+    assert "--on-error skip" not in str(caught.value) and not (tmp_path / "out").exists()
+    (tmp_path / "train.tsv").write_text("".join(row(True) + "\n" for _ in range(rows)))
+    assert convert(spec, "criteo", [tmp_path / "train.tsv"], tmp_path / "ok").rows == rows
