@@ -198,6 +198,7 @@ def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: l
     import pyarrow as pa
 
     from flowrec.data.layout import DataError
+    from flowrec.data.close_names import close_name
     from flowrec.data.sources import LINE_COLUMN
     from flowrec.runtime.progress import rows_spinner
     from flowrec.serving.predict import few_lines, load_model
@@ -227,7 +228,12 @@ def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: l
                     if len(parts) > 1 and all(part.strip() in chunk.column_names for part in parts):
                         raise ValueError(f"--keep {absent[0]}: no such column in {raw}; --keep takes one column, "
                                          f"give it once per column: {' '.join('--keep ' + p.strip() for p in parts)}")
-                    raise ValueError(f"--keep {absent[0]}: no such column in {raw} (has {', '.join(has)})")
+                    names = [c for c in chunk.column_names if c != LINE_COLUMN]
+                    close = close_name(absent[0], names)  # really close (`flowrec.data.close_names`)
+                    more = f" and {len(names) - len(has):,} more" if len(names) > len(has) else ""
+                    raise ValueError(f"--keep {absent[0]}: no such column in {raw}"
+                                     + (f": did you mean --keep {close}?" if close else "")
+                                     + f" (has {', '.join(has)}{more})")
                 try:
                     scores = model.predict(chunk) if top_k is None else model.recommend(chunk, top_k)
                 except DataError as exc:  # about the rows (columns lacking, ...): name the file they came from

@@ -175,6 +175,21 @@ def test_keeping_columns_written_as_one_list_says_to_give_keep_once_per_column(p
     assert result.exit_code == 0 and pq.read_table(out).column_names == ["ctr", "price", "item"], result.output
 
 
+
+def test_keeping_a_misspelt_column_names_the_close_one(pkg, tmp_path):
+    """`--keep Item` (the rows' column is item) listed the columns the rows have without naming the
+    close one, as a misspelt feature column's line does; it asks 'did you mean --keep item?'. A name
+    close to none is listed as before."""
+    rng = np.random.default_rng()
+    _rows(rng, int(rng.integers(10, 60)), label=False).to_csv(tmp_path / "rows.csv", index=False)
+    out = tmp_path / "s.parquet"
+    for keep, close in (("Item", "item"), ("prices", "price"), ("zzzz", None)):
+        result = invoke(["predict", pkg, tmp_path / "rows.csv", "--format", "csv", "--out", out, "--keep", keep])
+        assert result.exit_code == 2 and f"--keep {keep}: no such column in" in result.output, result.output
+        assert ("did you mean" in result.output) == (close is not None), result.output
+        assert close is None or f"did you mean --keep {close}?" in result.output, result.output
+        assert not out.exists()
+
 def test_a_column_of_blanks_is_said_empty_not_written_as_space_padded_ids(pkg, tmp_path):
     """A user column of blanks in every row was said empty and, in a second line, 'written as
     space-padded text (' ')' with advice to write the ids without the spaces: blanks are no ids and
