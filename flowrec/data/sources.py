@@ -34,6 +34,7 @@ from flowrec.data.error_log import ErrorLog
 from flowrec.data.layout import META_FILE, DataError
 from flowrec.data.parquet_folder import file_columns, parquet_files
 from flowrec.data.sequences import HISTORY_COLUMN, TEST_COLUMN, next_item_rows, sequence_length
+from flowrec.spec.model import FORMAT_ALIASES  # criteo, avazu, libfm: the readers' short names
 
 CHUNK_BYTES = 16 << 20  # bytes of text per streamed chunk
 LIBSVM_CHUNK_LINES = 65536  # lines per libsvm chunk
@@ -1475,7 +1476,6 @@ READERS: dict[str, Reader] = {
     "movielens": read_movielens,
     "parquet": read_parquet,
 }
-FORMAT_ALIASES = {"criteo": "criteo_tsv", "avazu": "avazu_csv", "libfm": "libsvm"}
 
 
 def reader(fmt: str) -> Reader:

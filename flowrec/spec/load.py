@@ -20,6 +20,7 @@ import yaml
 
 from flowrec.spec.errors import SpecError
 from flowrec.spec.model import (
+    FORMAT_ALIASES,
     DataSpec,
     DenseFeature,
     EarlyStoppingSpec,
@@ -198,7 +199,8 @@ def _data(d: dict[str, Any]) -> DataSpec:
     columns = tuple(sorted(d.get("columns", {}).items()))
     options = tuple(sorted((k, _freeze(v)) for k, v in d.get("options", {}).items()))
     path = str(d["path"]) if d.get("path") is not None else None
-    return DataSpec(d.get("format"), path, d.get("label", "label"), columns, options)
+    fmt = d.get("format")
+    return DataSpec(FORMAT_ALIASES.get(fmt, fmt), path, d.get("label", "label"), columns, options)
 
 
 def _training(t: dict[str, Any]) -> TrainingSpec:

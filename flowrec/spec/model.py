@@ -393,6 +393,9 @@ class TrainingSpec:
     early_stopping: EarlyStoppingSpec | None = None
 
 
+FORMAT_ALIASES = {"criteo": "criteo_tsv", "avazu": "avazu_csv", "libfm": "libsvm"}  # short names, as the CLI takes them
+
+
 @dataclass(frozen=True)
 class DataSpec:
     """Optional binding of the spec to a dataset."""

@@ -358,3 +358,27 @@ def test_resuming_a_finished_run_says_so_before_building_it_and_gives_json(tmp_p
     doc = json.loads(again.stdout)
     assert doc["finished"] is True and doc["epoch"] == epochs and doc["trained_steps"] == 0 and doc["steps"] > 0
     assert f"epoch {epochs} of {epochs}" in doc["message"] and "--epochs" in doc["message"]
+
+
+@pytest.mark.parametrize("short, full", [("criteo", "criteo_tsv"), ("avazu", "avazu_csv"), ("libfm", "libsvm")])
+def test_a_specs_data_format_takes_the_short_names_the_cli_takes(tmp_path: Path, short: str, full: str) -> None:
+    """README, `data convert` and `predict --format` name formats criteo, avazu and libfm, but a spec's
+    `data.format: criteo` was refused ('must be one of criteo_tsv, ...'); a spec now takes them and
+    is read with the full name (so its fingerprint, data hash and spec.json are the full name's)."""
+    import yaml
+
+    from flowrec.graph.plan_io import model_fingerprint
+    from flowrec.spec.load import to_dict
+    from flowrec.spec.validate import validate_document
+
+    doc = yaml.safe_load((Path(__file__).resolve().parents[2] / "specs" / "wide_deep.yaml").read_text())
+    doc["data"] = {**(doc.get("data") or {}), "format": short, "path": "rows.txt"}
+    doc["data"].pop("options", None)
+    assert validate_document(doc) == []
+    (tmp_path / "short.yaml").write_text(yaml.safe_dump(doc))
+    spec = load_spec(tmp_path / "short.yaml")
+    assert spec.data.format == full and to_dict(spec)["data"]["format"] == full
+    (tmp_path / "full.yaml").write_text(yaml.safe_dump({**doc, "data": {**doc["data"], "format": full}}))
+    assert model_fingerprint(load_spec(tmp_path / "full.yaml")) == model_fingerprint(spec)
+    doc["data"]["format"] = "criteo_csv"  # another name is still refused
+    assert validate_document(doc)
