@@ -731,10 +731,6 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
         if identity_doc(json.loads(state["spec"])) != identity_doc(to_dict(trained)) \
                 and not _same_class_files(state, folder, trained, whole=True, world=world):
             _refuse(_spec_changed_line(request.spec_path, folder, state, trained), world)
-        if (line := _finished_by_position(folder, state, spec, settings)) is not None:
-            _say(line)  # before its data is read and its model built (tens of seconds for nothing to train)
-            _report_finished(folder, state, line, request.json_out, request.json_lines)
-            return
 
     preparing = [False]  # rank 0 between `before` and `after`: the others wait to learn how its data went
 
@@ -1152,25 +1148,6 @@ def _run_spec_class_files(state: dict, folder: Path, spec, world=None) -> tuple[
         return same_content_class_files(old, spec, recorded_digests(_run_folder(folder)))
     except ValueError as exc:
         _refuse(str(exc), world)
-
-
-def _finished_by_position(folder: Path, state: dict, spec, settings: dict) -> str | None:
-    """The line of a resumed run that its checkpoint's position alone shows finished (all its epochs,
-    or --max-steps, trained), as `_finished_line` says it; None where the data or an early stop
-    decides (the trainer checks those once the run is loaded)."""
-    at = state.get("position") or {}
-    step, epoch = at.get("step"), at.get("epoch")
-    if not isinstance(step, int) or not isinstance(epoch, int):
-        return None  # a damaged position: loading the checkpoint says so
-    epochs = settings["epochs"] if settings.get("epochs") is not None else spec.training.epochs
-    max_steps = settings.get("max_steps")
-    by_epochs, by_steps = epoch >= epochs, max_steps is not None and step >= max_steps
-    if not (by_epochs or by_steps):
-        return None
-    limit = f", --max-steps {max_steps}" if max_steps is not None else ""
-    raise_ = " and ".join(flag for flag, reached in (("--epochs", by_epochs), ("--max-steps", by_steps)) if reached)
-    return (f"{folder} is finished: step {step}, epoch {epoch} of {epochs}{limit}; "
-            f"nothing to train (give a larger {raise_} to train further)")
 
 
 def _report_finished(folder: Path, state: dict, line: str, json_out: bool, json_lines: bool = False) -> None:
