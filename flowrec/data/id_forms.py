@@ -118,17 +118,33 @@ def written_form(values: pa.Array, texts: tuple[pa.Array, pa.Array] | None = Non
 
 def narrowest_id(values: pa.Array, texts: tuple[pa.Array, pa.Array] | None = None) -> str:
     """The narrowest id (its text, spaces trimmed) of a sample of ids holding one (`written_form`'s);
-    `texts`: `id_texts(values)`, if made."""
-    trimmed = (texts or id_texts(values))[1]
+    `texts`: `id_texts(values)`, if made.
+
+    >>> narrowest_id(pa.array(["12", "  ", "345", None]))
+    '12'
+    """
+    trimmed = _nonblank((texts or id_texts(values))[1])
     lengths = pc.utf8_length(trimmed)
     return trimmed[pc.index(lengths, pc.min(lengths)).as_py()].as_py()
 
 
 def _widths(values: pa.Array, texts: tuple[pa.Array, pa.Array] | None = None) -> tuple[int, int]:
     """The fewest and most characters of a sample's ids (spaces trimmed), of one holding an id;
-    `texts`: `id_texts(values)`, if made."""
-    widths = pc.min_max(pc.utf8_length((texts or id_texts(values))[1]))
+    `texts`: `id_texts(values)`, if made.
+
+    >>> _widths(pa.array(["012", "  ", "345", None]))
+    (3, 3)
+    """
+    widths = pc.min_max(pc.utf8_length(_nonblank((texts or id_texts(values))[1])))
     return widths["min"].as_py(), widths["max"].as_py()
+
+
+def _nonblank(trimmed: pa.Array) -> pa.Array:
+    """The ids of trimmed texts that hold one: a blank ('  ', '' once trimmed) is no id, and gave
+    the narrowest id '' and a width of 0 (so zero-padded ids of one width looked unpadded); all
+    of them where none holds one."""
+    kept = pc.filter(trimmed, pc.greater(pc.utf8_length(trimmed), 0))
+    return kept if len(kept) else trimmed
 
 
 def _one_width(texts: pa.Array) -> bool:

@@ -674,3 +674,22 @@ def test_the_rows_column_names_are_asked_once_a_call_not_once_a_feature() -> Non
     with pytest.raises(DataError, match="m0"):  # written with '|': said as before
         check_sequence_separators(rows.set_column(rows.column_names.index("m0"), "m0",
                                                   pa.array([v.replace("^", "|") for v in cols["m0"]])), spec, {}, {})
+
+
+def test_blank_ids_are_neither_the_narrowest_id_nor_a_width():
+    """A sample of integer ids holding a blank ('  ', no id) recorded '' as its narrowest id and a
+    width of 0, so zero-padded ids of one width among blanks looked unpadded (serve7's find)."""
+    import random
+
+
+    from flowrec.data.id_forms import _widths, narrowest_id
+
+    rng = random.Random()
+    width = rng.randint(3, 8)
+    ids = [str(rng.randint(0, 10 ** width - 1)).zfill(width) for _ in range(rng.randint(5, 50))]
+    sample = ids + [" " * rng.randint(1, 4) for _ in range(rng.randint(1, 5))] + [None]
+    rng.shuffle(sample)
+    assert _widths(pa.array(sample)) == (width, width)
+    plain = [i.lstrip("0") or "0" for i in ids]
+    narrowest = narrowest_id(pa.array(plain + ["   "]))
+    assert narrowest in plain and len(narrowest) == min(len(p) for p in plain)
