@@ -86,11 +86,14 @@ def _sample(values: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
 
 
 def id_texts(values: pa.Array) -> tuple[pa.Array, pa.Array]:
-    """The ids of a sample as they are hashed (`as_strings`), nulls dropped, and the same trimmed
-    of spaces: what `written_form`, `narrowest_id` and `_widths` read, made once a feature (each
-    made them anew: 3 texts and 4 trims a feature, 60 % of a one-row predict of 1,000 hashed fields)."""
+    """The ids of a sample as they are hashed (`as_strings`), nulls and blanks ('  ': no id, so no
+    form, width or narrowest id of one) dropped, and the same trimmed of spaces: what
+    `written_form`, `narrowest_id` and `_widths` read, made once a feature (each made them anew: 3
+    texts and 4 trims a feature, 60 % of a one-row predict of 1,000 hashed fields)."""
     texts = as_strings(_sample(values)).drop_null()
-    return texts, pc.utf8_trim_whitespace(texts)
+    trimmed = pc.utf8_trim_whitespace(texts)
+    named = pc.not_equal(trimmed, "")
+    return texts.filter(named), trimmed.filter(named)
 
 
 def written_form(values: pa.Array, texts: tuple[pa.Array, pa.Array] | None = None) -> tuple[str, str] | None:
@@ -98,8 +101,6 @@ def written_form(values: pa.Array, texts: tuple[pa.Array, pa.Array] | None = Non
     with spaces around them) and an example of it, as the ids are hashed (`as_strings`: a float
     3.0 is the id "3"); None where the sample holds no id. `texts`: `id_texts(values)`, if made."""
     texts, trimmed = texts or id_texts(values)
-    named = pc.not_equal(trimmed, "")  # blanks: no id, so no form of one
-    texts, trimmed = texts.filter(named), trimmed.filter(named)
     if not len(texts):
         return None
     padded = pc.sum(pc.not_equal(texts, trimmed)).as_py() * 2 > len(texts)
@@ -123,7 +124,7 @@ def narrowest_id(values: pa.Array, texts: tuple[pa.Array, pa.Array] | None = Non
     >>> narrowest_id(pa.array(["12", "  ", "345", None]))
     '12'
     """
-    trimmed = _nonblank((texts or id_texts(values))[1])
+    trimmed = (texts or id_texts(values))[1]
     lengths = pc.utf8_length(trimmed)
     return trimmed[pc.index(lengths, pc.min(lengths)).as_py()].as_py()
 
@@ -135,16 +136,8 @@ def _widths(values: pa.Array, texts: tuple[pa.Array, pa.Array] | None = None) ->
     >>> _widths(pa.array(["012", "  ", "345", None]))
     (3, 3)
     """
-    widths = pc.min_max(pc.utf8_length(_nonblank((texts or id_texts(values))[1])))
+    widths = pc.min_max(pc.utf8_length((texts or id_texts(values))[1]))
     return widths["min"].as_py(), widths["max"].as_py()
-
-
-def _nonblank(trimmed: pa.Array) -> pa.Array:
-    """The ids of trimmed texts that hold one: a blank ('  ', '' once trimmed) is no id, and gave
-    the narrowest id '' and a width of 0 (so zero-padded ids of one width looked unpadded); all
-    of them where none holds one."""
-    kept = pc.filter(trimmed, pc.greater(pc.utf8_length(trimmed), 0))
-    return kept if len(kept) else trimmed
 
 
 def _one_width(texts: pa.Array) -> bool:
