@@ -777,13 +777,12 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     try:
         if state is not None:
             trainer.load_state(state, folder / CHECKPOINT_NAME)
-            state_position = {"position": {"step": trainer.position.step, "epoch": trainer.position.epoch}}
             state.clear()  # the model has its copy: release the checkpoint's (memory-mapped) tensors
             if trainer.finished(session.train):
                 session.model.close()
                 line = _finished_line(folder, trainer, settings)
                 _say(line)
-                _report_finished(folder, state_position, line, request.json_out, request.json_lines)
+                _report_finished(folder, trainer.position, line, request.json_out, request.json_lines)
                 return
             _say(f"resuming {folder} at epoch {trainer.position.epoch}, batch {trainer.position.batch} "
                  f"(step {trainer.position.step})")
@@ -1150,14 +1149,19 @@ def _run_spec_class_files(state: dict, folder: Path, spec, world=None) -> tuple[
         _refuse(str(exc), world)
 
 
-def _report_finished(folder: Path, state: dict, line: str, json_out: bool, json_lines: bool = False) -> None:
+def _report_finished(folder: Path, position, line: str, json_out: bool, json_lines: bool = False) -> None:
     """With --json, a finished run's document on stdout (a script reading it got nothing): the run
-    folder, its step and epoch, `finished: true` and the line (on one line in a --follow stream)."""
+    folder, its step and epoch (`position`), `finished: true` and the line."""
     if json_out and is_lead_rank():
-        at = state.get("position") or {}
-        doc = {"run_dir": str(folder), "finished": True, "steps": at.get("step"), "epoch": at.get("epoch"),
-               "trained_steps": 0, "message": line}
-        output_stream().write(json.dumps(doc, indent=None if json_lines else 2, sort_keys=True) + "\n")
+        _print_json({"run_dir": str(folder), "finished": True, "steps": position.step, "epoch": position.epoch,
+                     "trained_steps": 0, "message": line}, json_lines)
+
+
+def _print_json(doc: dict, json_lines: bool) -> None:
+    """A run's JSON document on stdout: indented, or on one line (`json_lines`: a --follow stream's
+    days, a JSON Lines stream, where indented documents one after the other were no JSON a reader
+    could load)."""
+    output_stream().write(json.dumps(doc, indent=None if json_lines else 2, sort_keys=True, default=str) + "\n")
 
 
 def _finished_line(folder: Path, trainer, settings: dict) -> str:
@@ -1184,9 +1188,8 @@ def _listing(folder: Path) -> list[str]:
 
 
 def _report(result, run_dir: Path, json_out: bool, json_lines: bool = False, first_step: int = 0) -> None:
-    """The closing lines of a run, and with `json_out` its result as JSON on stdout: indented, or
-    on one line (`json_lines`: a --follow stream's days, a JSON Lines stream, where indented
-    documents one after the other were no JSON a reader could load). `first_step`: the step a
+    """The closing lines of a run, and with `json_out` its result as JSON on stdout (`_print_json`,
+    on one line with `json_lines`). `first_step`: the step a
     resumed run went on from (its samples and seconds are those of the steps after it)."""
     from dataclasses import asdict
 
@@ -1218,8 +1221,7 @@ def _report(result, run_dir: Path, json_out: bool, json_lines: bool = False, fir
         from flowrec.runtime.run_log import jsonable
 
         # an undefined metric (NaN: the AUC of labels all 0) as null, as eval --json writes it: NaN is no JSON
-        doc = jsonable({**asdict(result), "run_dir": str(run_dir)})
-        output_stream().write(json.dumps(doc, indent=None if json_lines else 2, sort_keys=True, default=str) + "\n")
+        _print_json(jsonable({**asdict(result), "run_dir": str(run_dir)}), json_lines)
 
 
 def evaluate_run(
