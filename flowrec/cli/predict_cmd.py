@@ -223,12 +223,12 @@ def _score(model_dir: Path, raw: Path, staged: Path, fmt: Optional[str], keep: l
             for chunk in chunks:
                 absent = [c for c in keep if c not in chunk.column_names or c == LINE_COLUMN]  # (the reader's own)
                 if absent:
-                    has = [c for c in chunk.column_names if c != LINE_COLUMN][:12]  # not the reader's own
+                    names = [c for c in chunk.column_names if c != LINE_COLUMN]  # not the reader's own
+                    has = names[:12]
                     parts = absent[0].split(",")
                     if len(parts) > 1 and all(part.strip() in chunk.column_names for part in parts):
                         raise ValueError(f"--keep {absent[0]}: no such column in {raw}; --keep takes one column, "
                                          f"give it once per column: {' '.join('--keep ' + p.strip() for p in parts)}")
-                    names = [c for c in chunk.column_names if c != LINE_COLUMN]
                     close = close_name(absent[0], names)  # really close (`flowrec.data.close_names`)
                     more = f" and {len(names) - len(has):,} more" if len(names) > len(has) else ""
                     raise ValueError(f"--keep {absent[0]}: no such column in {raw}"

@@ -481,8 +481,8 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
     examples = tuple(str(e) for log in logs for e in log.examples)
     copied = copies.line("row" if fmt == "parquet" else "line", split=by_hash)
     uneven = None  # a test share far from test_fraction: few distinct rows, each a unit of the split
-    if by_hash and copies.count()[0] and far_from(writers["test"].rows, seen, fraction):
-        count, estimate = copies.count()
+    count, estimate = copies.count() if by_hash else (0, False)
+    if count and far_from(writers["test"].rows, seen, fraction):
         uneven = share_line(inputs, writers["train"].rows, writers["test"].rows, fraction, copies.rows - count, estimate)
     return ConvertReport(str(out), seen, sum(w.files for w in writers.values()),
                          sum(log.count for log in logs), examples, 0.0,
