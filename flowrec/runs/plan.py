@@ -22,7 +22,7 @@ from flowrec.planner.manager import PassFailure, load_profile, make_plan, profil
 from flowrec.runtime.messages import first_line
 from flowrec.planner.targets import spec_target_profile, target_for_device
 from flowrec.runs.errors import RunError
-from flowrec.runtime.session import NO_CUDA_NOTE, resolve_device
+from flowrec.runtime.session import resolve_device
 from flowrec.spec.model import ModelSpec
 from flowrec.spec.units import counted
 from operators.device import device_name
@@ -41,12 +41,8 @@ def no_progress(description: str, total: int) -> AbstractContextManager[Callable
 def device_for_run(spec: ModelSpec, device_name: str) -> torch.device:
     """The device of a run (auto: the spec's hint, else CUDA when present). A spec's plan.device
     of cuda on a machine without CUDA is named as the spec's, not as a --device never given."""
-    name = device_name if device_name != "auto" else spec.plan.device
-    if name != device_name and name.startswith("cuda") and not torch.cuda.is_available():
-        raise RunError(f"the spec's plan.device is {name}, but CUDA is not available on this machine: give "
-                       f"--device cpu, or set plan.device: auto in the spec{NO_CUDA_NOTE}")
     try:
-        return resolve_device(name)
+        return resolve_device(device_name if device_name != "auto" else spec.plan.device, from_spec=device_name == "auto")
     except RuntimeError as exc:
         raise RunError(str(exc)) from None
 

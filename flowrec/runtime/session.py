@@ -108,15 +108,19 @@ def device_problem(name: str) -> str | None:
 NO_CUDA_NOTE = " (`flowrec doctor` shows the torch build and the devices it finds)"
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, from_spec: bool = False) -> torch.device:
     """auto -> cuda when available, else cpu; a bad name or cuda without CUDA is a clear error
-    (RuntimeError, one line)."""
+    (RuntimeError, one line), naming the spec's plan.device where `name` is that (`from_spec`: no
+    --device was given), not a --device the user never gave."""
     problem = device_problem(name)
     if problem is not None:
         raise RuntimeError(f"--device {problem}")
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
+        if from_spec:
+            raise RuntimeError(f"the spec's plan.device is {name}, but CUDA is not available on this machine: give "
+                               f"--device cpu, or set plan.device: auto in the spec{NO_CUDA_NOTE}")
         raise RuntimeError(f"--device {name} was asked for, but CUDA is not available on this machine: give "
                            f"--device cpu or auto{NO_CUDA_NOTE}")
     return torch.device(name)
