@@ -343,7 +343,18 @@ def test_resuming_a_finished_run_gives_json(tmp_path: Path) -> None:
 
     runner = CliRunner()
     rows, epochs = random.randint(200, 500), random.randint(1, 2)
-    spec = Path(__file__).resolve().parents[2] / "specs" / "wide_deep.yaml"
+    spec = tmp_path / "tiny.yaml"  # (a spec of small tables: wide_deep's 10M-row ones left this process 14 GB)
+    spec.write_text("""
+name: tiny_finished
+features:
+  - {name: price, type: dense}
+  - {name: user, type: categorical, hash_buckets: 300, dim: 4}
+modules:
+  - {name: top, kind: mlp, inputs: ["@dense", "@sparse"], layers: [8]}
+heads:
+  - {name: ctr, input: top, task: binary, loss: bce}
+training: {batch_size: 64, epochs: 1, seed: 5}
+""")
     done = runner.invoke(app, ["train", str(spec), "--rows", str(rows), "--epochs", str(epochs), "--out",
                                str(tmp_path / "run"), "-q", "--device", "cpu"])
     assert done.exit_code == 0, done.output

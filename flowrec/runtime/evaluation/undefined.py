@@ -10,8 +10,6 @@ from flowrec.spec.units import counted
 
 TABLE = "('-' in the table, null in JSON)"  # how the console shows an undefined metric
 PYTHON = "(NaN in the returned metrics)"  # how flowrec.load(...).evaluate() and flowrec.train() give it
-
-
 UNDEFINED_ORDER = ("auc", "gauc", "pr_auc", "ne", "calibration")  # the metrics one class leaves undefined
 
 
@@ -51,4 +49,3 @@ def undefined_notes(metrics: dict[str, dict[str, Any]], shown: str = TABLE) -> l
         lines.append(f"{head}: {what} ({counted(int(m['samples']), 'row')}): {named} {'is' if len(undefined) == 1 else 'are'} "
                      f"undefined {shown}")
     return lines
-
