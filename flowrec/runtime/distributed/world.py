@@ -102,8 +102,16 @@ class World:
 
     def stopped_rank(self) -> tuple[int, int] | None:
         """(rank, exit status) of the lowest other rank that recorded stopping on its own error
-        (`record_stop`), without waiting; None when none did."""
-        return stopped_rank(self.rank, self.size)
+        (`record_stop`), without waiting; None when none did (or no store answers)."""
+        try:
+            store = dist.distributed_c10d._get_default_store()
+            for other in range(self.size):
+                if other != self.rank and store.check([f"{STOP_KEY}{other}"]):
+                    text = store.get(f"{STOP_KEY}{other}").decode()
+                    return other, int(text) if text.isdigit() else 1
+        except Exception:  # no store: as if none did
+            pass
+        return None
 
     def gather(self, value: Any) -> list[Any]:
         """Every rank's `value` (picklable), in rank order, on every rank: what the ranks saw when
@@ -163,7 +171,7 @@ STOP_KEY = "flowrec-stopped/"  # + rank: the exit status a rank stopped with on 
 def record_stop(rank: int, status: int) -> None:
     """Record in the rendezvous store that rank `rank` stops on an error of its own with exit
     status `status` (bad input: 2; out of memory: 3), before it leaves: the ranks that lose it then
-    (a closed connection) stop as it does (`stopped_rank`), with its status, not as after a lost
+    (a closed connection) stop as it does (`World.stopped_rank`), with its status, not as after a lost
     rank (4) with the collective's words. Best effort: no process group, or a store that cannot be
     reached, leaves the others' status 4."""
     try:
@@ -171,20 +179,6 @@ def record_stop(rank: int, status: int) -> None:
             dist.distributed_c10d._get_default_store().set(f"{STOP_KEY}{rank}", str(status))
     except Exception:  # the store is gone with rank 0: nothing to tell
         pass
-
-
-def stopped_rank(rank: int, size: int) -> tuple[int, int] | None:
-    """(rank, exit status) of the lowest rank other than `rank` that recorded its stop
-    (`record_stop`), without waiting; None when none did (or no store answers)."""
-    try:
-        store = dist.distributed_c10d._get_default_store()
-        for other in range(size):
-            if other != rank and store.check([f"{STOP_KEY}{other}"]):
-                text = store.get(f"{STOP_KEY}{other}").decode()
-                return other, int(text) if text.isdigit() else 1
-    except Exception:  # no store: as if none did
-        pass
-    return None
 
 
 def lost_peer(exc: BaseException) -> bool:
