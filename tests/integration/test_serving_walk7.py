@@ -10,37 +10,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from flowrec.serving.predict import load_model
-from package_flow import invoke, train_and_export
-
-TWO_TOWER = """
-name: tt_walk
-features:
-  - {name: user_id, type: categorical, vocab: 60, dim: 8}
-  - {name: item_id, type: categorical, vocab: 40, dim: 8}
-modules:
-  - {name: score, kind: similarity, inputs: [user_id, item_id], metric: dot}
-heads:
-  - {name: retrieve, input: score, task: retrieval, negatives: {kind: in_batch}, top_k: [5]}
-data: {format: csv, label: label}
-optimizer:
-  dense: {name: adam, lr: 0.01}
-  sparse: {name: adam, lr: 0.01}
-training: {batch_size: 64, epochs: 1, seed: 0}
-"""
-
-
-def _ratings(rng: np.random.Generator, items: np.ndarray, n: int = 600) -> pd.DataFrame:
-    """Skewed (user, item) positives: a few items hold most rows."""
-    return pd.DataFrame({"user_id": rng.integers(1, 50, n), "item_id": items[rng.zipf(1.4, n) % len(items)],
-                         "label": np.ones(n, np.int64)})
-
+from package_flow import TWO_TOWER, invoke, ratings, train_and_export
 
 @pytest.mark.parametrize("kind", ["integers", "text"])
 def test_recommended_items_come_back_in_the_type_the_training_rows_wrote(tmp_path, kind):
     rng = np.random.default_rng()
     ids = rng.choice(np.arange(100, 100_000), 30, replace=False)
     items = ids if kind == "integers" else np.array([f"m{i:06d}" for i in ids])
-    rows = _ratings(rng, items)
+    rows = ratings(rng, items)
     root = train_and_export(tmp_path, TWO_TOWER, rows)
     users = pd.DataFrame({"user_id": rng.choice(rows["user_id"].unique(), 4)})
     got = load_model(root / "pkg").recommend(users, 3)
@@ -76,7 +53,7 @@ def test_asking_a_ranking_package_for_items_says_what_it_scores_in_the_words_of_
     import re
 
     rng = np.random.default_rng()
-    rows = _ratings(rng, rng.choice(np.arange(1, 500), 20, replace=False))
+    rows = ratings(rng, rng.choice(np.arange(1, 500), 20, replace=False))
     rows["label"] = (rng.random(len(rows)) < 0.3).astype(int)
     root = train_and_export(tmp_path, RANKING, rows)
     model = load_model(root / "pkg")
@@ -97,7 +74,7 @@ def test_keeping_a_text_label_column_says_to_map_it_not_to_skip_rows(tmp_path, p
     """predict --keep label of a CSV whose label holds no/yes: each row was malformed, with the hint
     to skip them, which skipped every row."""
     rng = np.random.default_rng()
-    rows = _ratings(rng, rng.choice(np.arange(1, 500), 20, replace=False))
+    rows = ratings(rng, rng.choice(np.arange(1, 500), 20, replace=False))
     rows["label"] = (rng.random(len(rows)) < 0.3).astype(int)
     root = train_and_export(tmp_path, RANKING, rows)
     scored = rows.head(int(rng.integers(5, 50))).assign(label=lambda d: np.where(d["label"] == 1, "yes", "no"))

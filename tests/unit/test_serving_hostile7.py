@@ -17,47 +17,12 @@ from typer.testing import CliRunner
 
 from flowrec.cli import app
 from flowrec.serving.predict import load_model
-
-TWO_TOWER = """
-name: tt_serve7
-features:
-  - {name: user_id, type: categorical, vocab: 60, dim: 8}
-  - {name: item_id, type: categorical, vocab: 40, dim: 8}
-modules:
-  - {name: score, kind: similarity, inputs: [user_id, item_id], metric: dot}
-heads:
-  - {name: retrieve, input: score, task: retrieval, negatives: {kind: in_batch}, top_k: [5]}
-data: {format: csv, label: label}
-optimizer:
-  dense: {name: adam, lr: 0.01}
-  sparse: {name: adam, lr: 0.01}
-training: {batch_size: 64, epochs: 1, seed: 0}
-"""
-
-
-def _ratings(rng: np.random.Generator, items: np.ndarray, n: int = 600) -> pd.DataFrame:
-    """Skewed (user, item) positives: a few items hold most rows."""
-    return pd.DataFrame({"user_id": rng.integers(1, 50, n), "item_id": items[rng.zipf(1.4, n) % len(items)],
-                         "label": np.ones(n, np.int64)})
-
+from package_flow import TWO_TOWER, ratings, train_and_export
 
 def _train_and_export(root: Path, rows: pd.DataFrame, fmt: str) -> Path:
-    """`root/train.{csv,parquet}` -> converted data, a run, `root/pkg` (through the CLI, exit 0
-    checked); returns the training file."""
-    (root / "spec.yaml").write_text(TWO_TOWER)
-    file = root / f"train.{fmt}"
-    if fmt == "csv":
-        rows.to_csv(file, index=False)
-    else:
-        pq.write_table(pa.Table.from_pandas(rows, preserve_index=False), file)
-    runner = CliRunner()
-    for args in (["data", "convert", fmt, file, root / "data", "--spec", root / "spec.yaml", "-q"],
-                 ["train", root / "spec.yaml", "--data", root / "data", "--out", root / "run", "--quiet",
-                  "--device", "cpu"],
-                 ["export", root / "run", root / "pkg"]):
-        result = runner.invoke(app, [str(a) for a in args])
-        assert result.exit_code == 0, (args[0], result.output)
-    return file
+    """The two-tower package of `rows` under `root` (`package_flow`); returns the training file."""
+    train_and_export(root, TWO_TOWER, rows, fmt)
+    return root / f"train.{fmt}"
 
 
 CASES = {  # case -> (training file's format, the ids as the rows give them, the type recommend gives back)
@@ -74,7 +39,7 @@ def test_recommended_items_come_back_in_the_type_the_training_column_held(tmp_pa
     fmt, form, kind = CASES[case]
     rng = np.random.default_rng()
     items = form(rng.choice(np.arange(100, 100_000), 30, replace=False))
-    file = _train_and_export(tmp_path, _ratings(rng, items), fmt)
+    file = _train_and_export(tmp_path, ratings(rng, items), fmt)
     # the user's own rows, read back (zero-padded ids as text: read_csv's numbers would drop the zeros)
     rows = pd.read_csv(file, dtype={"item_id": str} if kind is str else None) if fmt == "csv" else pd.read_parquet(file)
     users = pd.DataFrame({"user_id": rng.choice(rows["user_id"].unique(), 4)})
@@ -96,7 +61,7 @@ def digits_package(tmp_path_factory) -> Path:
     """A retrieval package trained on a Parquet file whose item column is text of digits."""
     root = tmp_path_factory.mktemp("digits")
     rng = np.random.default_rng()
-    _train_and_export(root, _ratings(rng, rng.choice(np.arange(100, 100_000), 30, replace=False).astype(str)),
+    _train_and_export(root, ratings(rng, rng.choice(np.arange(100, 100_000), 30, replace=False).astype(str)),
                       "parquet")
     return root / "pkg"
 
@@ -167,9 +132,9 @@ def test_a_run_continued_on_csv_rows_keeps_the_item_type_of_its_parquet_start(tm
     guess, int64; the parent's record is kept, as its forms of ids are."""
     rng = np.random.default_rng()
     items = rng.choice(np.arange(100, 100_000), 30, replace=False).astype(str)
-    _train_and_export(tmp_path, _ratings(rng, items), "parquet")
+    _train_and_export(tmp_path, ratings(rng, items), "parquet")
     day = tmp_path / "day.csv"
-    _ratings(rng, items).to_csv(day, index=False)
+    ratings(rng, items).to_csv(day, index=False)
     runner = CliRunner()
     for args in (["data", "convert", "csv", day, tmp_path / "day", "--spec", tmp_path / "spec.yaml", "-q",
                   "--encoder-from", tmp_path / "run"],
