@@ -64,6 +64,14 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
+def _assert_gone(launch: list[int], err: str) -> None:
+    """Every process of the launch has exited within EXIT_S (none left running)."""
+    deadline = time.monotonic() + EXIT_S
+    while any(_alive(p) for p in launch) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [p for p in launch if _alive(p)], err[-3000:]
+
+
 def _alive(pid: int) -> bool:
     """Running (a zombie waiting for its parent counts as gone)."""
     try:
@@ -101,10 +109,7 @@ def test_a_signal_to_the_launch_stops_every_rank_and_the_printed_command_continu
         if job.poll() is None:
             job.kill()
             job.wait(timeout=30)
-    deadline = time.monotonic() + EXIT_S
-    while any(_alive(p) for p in launch) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not [p for p in launch if _alive(p)], err[-3000:]
+    _assert_gone(launch, err)
     assert job.returncode == 128 + sig, err[-3000:]
     printed = [line for line in err.splitlines() if "continue with  flowrec" in line]
     assert printed and "Traceback" not in err, err[-3000:]
@@ -199,10 +204,7 @@ def test_a_signal_as_the_run_finishes_is_one_line_of_what_was_kept(work: Path, t
         if job.poll() is None:
             job.kill()
             job.wait(timeout=30)
-    deadline = time.monotonic() + EXIT_S
-    while any(_alive(p) for p in launch) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not [p for p in launch if _alive(p)], err[-3000:]
+    _assert_gone(launch, err)
     assert job.returncode == 130, err[-3000:]
     assert "Traceback" not in err and not [line for line in err.splitlines() if line.startswith("error:")], err[-3000:]
     said = [line for line in err.splitlines() if line.startswith("interrupted")]
