@@ -1030,7 +1030,9 @@ def test_a_folder_a_job_still_writes_into_is_named_and_hidden_files_stay_silent(
 
     def rows() -> dict[str, object]:
         n = int(rng.integers(3, 40))
-        return {"price": rng.lognormal(0, 2, n).tolist(), "user": [f"u{k}" for k in rng.zipf(1.4, n)],
+        users = [f"u{k}" for k in rng.zipf(1.4, n)]
+        users[int(rng.integers(n))] = "u0"  # zipf never draws 0: the column is never of one value
+        return {"price": rng.lognormal(0, 2, n).tolist(), "user": users,
                 "clicked": (rng.random(n) < 0.15).astype(int).tolist()}
 
     committed = rows()
