@@ -16,7 +16,11 @@ FALLBACK_SHAPES = [(4096, 512, 256), (4096, 256, 64)]  # without a spec: DLRM-si
 MIN_SECONDS, MAX_SECONDS = 0.01, 10.0  # --seconds per measured kernel
 CALIBRATE_HELP = """Measure this machine for the planner's cost model and save a device profile.
 
-Measures, in well under a minute: GEMMs (fixed cost, FLOP rate and bandwidth fitted over the
+How long: without SPEC about a minute; with one, 1-10 minutes on a 2-core CPU (the longer its
+training step, the longer); `--nproc N` adds several minutes (dlrm_criteo with --nproc 2 took 11
+minutes on a busy 2-core machine). Each stage is named on stderr as it starts.
+
+Measures: GEMMs (fixed cost, FLOP rate and bandwidth fitted over the
 spec's dense-layer shapes, forward and backward, and a grid; bf16 at the spec's shapes),
 elementwise passes, the per-kernel overhead of autograd, the project's sparse path (lookup, then
 casting and fused update per sparse optimizer, fitted per id and per unique row), each dense
@@ -112,17 +116,21 @@ def _measure_and_write(spec: Optional[Path], model, dev, shapes, seconds: float,
 
     started = time.perf_counter()
     log = robust.reset_log()
+    stages = 1 + (model is not None) + (nproc > 1) + (nproc > 1 and model is not None and dev.type == "cpu")
+    typer.echo(f"[1/{stages}] timing kernels on {dev.type}: {len(shapes)} GEMM shapes, elementwise passes, the sparse "
+               "path, optimizers, row gathers and memory ...", err=True)
     measured, details = measure(dev, shapes, seconds)
     if model is not None:
         from flowrec.measure.spec import spec_constants
 
+        typer.echo(f"[2/{stages}] timing the spec's dense ops, its training steps and staging ...", err=True)
         own, own_details = spec_constants(model, dev, measured, seconds / 4)
         measured.update(own)
         details.update(own_details)
     if nproc > 1:
-        measured.update(_collectives(nproc, dev.type, details))
+        measured.update(_collectives(nproc, dev.type, details, f"[{2 + (model is not None)}/{stages}] "))
         if model is not None and dev.type == "cpu":
-            measured.update(_shared_cores(spec, model, nproc, measured, details, device_budget))
+            measured.update(_shared_cores(spec, model, nproc, measured, details, device_budget, f"[{stages}/{stages}] "))
     created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     machine = f"{platform.machine()} {platform.processor() or platform.platform()}, {dev.type}"
     details["seconds"] = round(time.perf_counter() - started, 3)
@@ -172,11 +180,12 @@ def gemm_shapes(spec) -> list[tuple[int, int, int]]:
     return shapes or FALLBACK_SHAPES
 
 
-def _collectives(nproc: int, device_kind: str, details: dict) -> dict:
-    """Measured collective constants of `nproc` processes (exits with one line if they fail)."""
+def _collectives(nproc: int, device_kind: str, details: dict, stage: str = "") -> dict:
+    """Measured collective constants of `nproc` processes (exits with one line if they fail); `stage`
+    starts the line that names the step."""
     from flowrec.measure.collective import SIZES, CollectiveError, measure_collectives
 
-    typer.echo(f"timing collectives of {nproc} processes ...", err=True)
+    typer.echo(f"{stage}timing collectives of {nproc} processes ...", err=True)
     try:
         fit = measure_collectives(nproc, device_kind)
     except CollectiveError as exc:
@@ -189,12 +198,13 @@ def _collectives(nproc: int, device_kind: str, details: dict) -> dict:
 
 
 def _shared_cores(spec_path: Path, model, nproc: int, measured: dict, details: dict,
-                  device_budget: str | None = None) -> dict:
+                  device_budget: str | None = None, stage: str = "") -> dict:
     """Constants of `nproc` ranks sharing this host's cores (`flowrec.measure.concurrent`, the
-    world-size plan under `device_budget`; exits with one line if its processes fail)."""
+    world-size plan under `device_budget`; exits with one line if its processes fail); `stage` starts
+    the line that names the step."""
     from flowrec.measure.concurrent import ConcurrentError, shared_core_constants
 
-    typer.echo(f"timing the spec's steps on {nproc} processes at once ...", err=True)
+    typer.echo(f"{stage}timing the spec's steps on {nproc} processes at once ...", err=True)
     try:
         constants, details["shared_cores"] = shared_core_constants(spec_path, model, nproc, measured, device_budget)
     except ConcurrentError as exc:

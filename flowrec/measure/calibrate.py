@@ -2,8 +2,8 @@
 
 Each measurement repeats its kernel in rounds until `min_seconds` have passed (after one warm-up
 call) and keeps what the machine does without other processes' load (`flowrec.measure.robust`: the
-median of the rounds no other process delayed, else the median one less its wait), so a
-whole calibration takes well under a minute on a loaded machine too. Results are
+median of the rounds no other process delayed, else the median one less its wait), so the
+kernels' calibration (`flowrec calibrate` without a spec) takes about a minute on a loaded machine too. Results are
 {profile field: (value, how it was measured)} plus raw details per shape and dim; the CLI turns
 them into a device profile document (`flowrec.planner.calibration`).
 

@@ -50,6 +50,9 @@ def profile(tmp_path_factory) -> Path:
     result = runner.invoke(app, ["calibrate", str(SPEC), "--device", "cpu", "--seconds", "0.01", "--nproc", "2",
                                  "--out", str(path)])
     assert result.exit_code == 0, result.output
+    # a calibration of minutes names each stage as it starts (it said nothing until the end)
+    stages = [line.split("] ")[0] + "]" for line in result.stderr.splitlines() if line.startswith("[")]
+    assert stages == ["[1/4]", "[2/4]", "[3/4]", "[4/4]"], result.stderr
     return path
 
 
