@@ -246,11 +246,13 @@ def _folder_types(files: list[tuple[Any, dict[str, pa.Field]]], numeric: set[str
             if field.type != held.type and _number(field.type) and _number(held.type):
                 numbers.add(name)  # ids as numbers: 3 and 3.0 are the id "3" (`flowrec.data.raw_ids.as_strings`)
             elif field.type != held.type and _text(field.type) and _text(held.type):
-                numbers.add(name)  # one text: string, large_string (polars' and pandas' Arrow strings), categories
+                numbers.add(name)  # one text: string, large_string (polars' and pandas' Arrow strings), categories,
+                # bytes (a writer without the UTF-8 mark, as Hive's or old Spark's: the same ids, `_text`)
             elif field.type != held.type:
                 raise DataError(f"{fragment.path}: column {name!r} holds {field.type} values, {where} "
                                 f"{held.type}: a column holds one type in every file of a Parquet folder "
-                                "(labels and dense features any numbers, other columns integers or floats)")
+                                "(labels and dense features any numbers, other columns integers or floats, or "
+                                "text or bytes)")
     return {name: field.type for name, (_, field) in typed.items() if name not in numbers}
 
 
@@ -259,6 +261,9 @@ def _number(kind: pa.DataType) -> bool:
 
 
 def _text(kind: pa.DataType) -> bool:
-    """Text of any Arrow string type, or categories of text (pandas' category dtype: a dictionary)."""
+    """Text of any Arrow string type, or categories of text (pandas' category dtype: a dictionary), or
+    bytes: an id column one writer marks as UTF-8 text and another (Hive, old Spark) leaves as bytes
+    encodes to the same ids (`flowrec.data.raw_ids`)."""
     kind = kind.value_type if pa.types.is_dictionary(kind) else kind
-    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)
+    return (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)
+            or pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or pa.types.is_binary_view(kind))

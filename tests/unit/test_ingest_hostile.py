@@ -209,6 +209,36 @@ def test_a_folder_of_integer_ids_in_one_file_and_float_ids_in_another_is_read(tm
     assert ids[0] == ids[1] and ids[0][3] == 0 and ids[0][0] == ids[0][4] != ids[0][1] == ids[0][2]
 
 
+def test_a_folder_of_text_ids_in_one_file_and_bytes_in_another_is_read_as_one_text(tmp_path: Path) -> None:
+    """A writer without Parquet's UTF-8 mark (Hive, old Spark) leaves a text column as bytes: a
+    folder of its days beside days written as text was refused ('holds binary values, ... string'),
+    though a folder of bytes alone encodes to the same ids as the text; now each file is read with
+    its own type. Bytes that are not UTF-8 are still refused in one line."""
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng()
+    days = [[f"u{k}" for k in rng.zipf(1.3, int(rng.integers(20, 60)))] for _ in range(4)]
+
+    def rows(users: list[str], kind: pa.DataType) -> dict[str, object]:
+        n = len(users)
+        return {"price": rng.lognormal(0, 2, n).tolist(), "clicked": (np.arange(n) % 3 == 0).astype(int).tolist(),
+                "user": pa.array([u.encode() for u in users] if "binary" in str(kind) else users, kind)}
+
+    kinds = [pa.string(), pa.binary(), pa.large_binary(), pa.large_string()]
+    mixed = _parquet_folder(tmp_path / "mixed", {f"d{i}.parquet": rows(users, kind)
+                                                 for i, (users, kind) in enumerate(zip(days, kinds))})
+    text = _parquet_folder(tmp_path / "text", {f"d{i}.parquet": {**pq.read_table(mixed / f"d{i}.parquet").to_pydict(),
+                                                                 "user": users} for i, users in enumerate(days)})
+    for folder in (mixed, text):
+        assert convert(_spec(), "parquet", [folder], tmp_path / f"{folder.name}-out").rows == sum(map(len, days))
+    encoded = [pq.read_table(tmp_path / f"{name}-out").column("user").to_pylist() for name in ("mixed", "text")]
+    assert encoded[0] == encoded[1] and len(set(encoded[0])) > 1
+    (mixed / "d1.parquet").unlink()
+    _parquet_folder(mixed, {"d1.parquet": {**ROWS, "user": pa.array([b"\xff\xfe", b"u1"], pa.binary())}})
+    with pytest.raises(DataError, match="holds bytes that are not UTF-8 text"):
+        convert(_spec(), "parquet", [mixed], tmp_path / "bad-out")
+
+
 def test_a_file_outside_the_partition_folders_names_the_partition_column(tmp_path: Path) -> None:
     """`day=1/a.parquet` beside a top-level `b.parquet`: b's rows had no day, silently."""
     folder = _parquet_folder(tmp_path / "rows", {"day=1/a.parquet": ROWS, "b.parquet": ROWS})
