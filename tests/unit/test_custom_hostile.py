@@ -663,9 +663,14 @@ def test_a_class_file_replacing_the_output_streams_or_the_stop_handler_leaves_fl
     path = tmp_path / f"quiet_{random.randrange(1 << 30)}.py"
     path.write_text(SILENCER)
     before = sys.stdout, sys.stderr, signal.getsignal(signal.SIGINT)
-    spec = resolve_custom(spec_from_dict(spec_doc(f"{path}:Quiet", {"in_features": 9})))
-    lower(make_plan(spec, target="cpu"), spec, "cpu")
-    assert (sys.stdout, sys.stderr, signal.getsignal(signal.SIGINT)) == before
+    try:
+        spec = resolve_custom(spec_from_dict(spec_doc(f"{path}:Quiet", {"in_features": 9})))
+        lower(make_plan(spec, target="cpu"), spec, "cpu")
+        after = sys.stdout, sys.stderr, signal.getsignal(signal.SIGINT)
+    finally:  # where flowrec did not put them back, the tests after this one keep their streams and Ctrl-C
+        sys.stdout, sys.stderr = before[:2]
+        signal.signal(signal.SIGINT, before[2])
+    assert after == before
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec_doc(f"{path}:Quiet", {"in_features": 9})))
     done = runner.invoke(app, ["plan", str(tmp_path / "s.yaml")])
     assert done.exit_code == 0 and "stages:" in done.output, done.output
@@ -696,16 +701,18 @@ def test_a_thread_a_class_file_leaves_running_is_named_and_not_waited_for(tmp_pa
 
     stop = threading.Event()
     name = f"loader-{random.randrange(1 << 30)}"
-    with threads_marked("importing blocks.py:X"):
-        threading.Thread(target=stop.wait, name=name).start()
-        threading.Thread(target=stop.wait, name="quiet", daemon=True).start()  # a daemon: never waited for
-    mine = [line for line in lingering_threads() if name in line]
-    assert mine == [f"'{name}' (started while importing blocks.py:X)"]
-    assert not [line for line in lingering_threads() if "quiet" in line]
-    stop.set()
-    for thread in threading.enumerate():
-        if thread.name in (name, "quiet"):
-            thread.join()
+    try:
+        with threads_marked("importing blocks.py:X"):
+            threading.Thread(target=stop.wait, name=name).start()
+            threading.Thread(target=stop.wait, name="quiet", daemon=True).start()  # a daemon: never waited for
+        mine = [line for line in lingering_threads() if name in line]
+        assert mine == [f"'{name}' (started while importing blocks.py:X)"]
+        assert not [line for line in lingering_threads() if "quiet" in line]
+    finally:  # a failed assert left the thread waiting, and pytest waited for it at exit: a hung run, not a red one
+        stop.set()
+        for thread in threading.enumerate():
+            if thread.name in (name, "quiet"):
+                thread.join()
     assert not [line for line in lingering_threads() if name in line]
 
 

@@ -30,7 +30,9 @@ def _clicks(rng: np.random.Generator, n: int, label) -> pd.DataFrame:
 def test_a_text_label_column_says_to_map_it_to_numbers_not_to_skip_rows(tmp_path, policy):
     rng = np.random.default_rng()
     n = int(rng.integers(50, 400))
-    rows = _clicks(rng, n, np.where(rng.random(n) < 0.15, "yes", "no"))
+    labels = np.where(rng.random(n) < 0.15, "yes", "no")
+    labels[rng.choice(n, 2, replace=False)] = ["yes", "no"]  # both texts: 50 rows were all "no" once in 3,400
+    rows = _clicks(rng, n, labels)
     rows.to_csv(tmp_path / "train.csv", index=False)
     (tmp_path / "spec.yaml").write_text(CTR)
     result = invoke(["data", "convert", "csv", tmp_path / "train.csv", tmp_path / "data", "--spec",
@@ -161,7 +163,7 @@ def test_nan_evaluation_scores_name_the_custom_module_that_returned_them(tmp_pat
     """'the model scored NaN for some of the N evaluation rows (a parameter or an input beyond
     float32)' named no module, where training's non-finite loss names it (non_finite_outputs)."""
     rng = np.random.default_rng()
-    above = float(rng.uniform(0.5, 1.5))
+    above = float(rng.uniform(-0.3, 0.3))  # 40 N(0, 1) evaluation rows, some above it and some not
     _write_evalnan_spec(tmp_path, above, int(rng.integers(1 << 20)))
     rows = int(rng.integers(200, 400))
     result = invoke(["train", tmp_path / "spec.yaml", "--rows", rows, "--out", tmp_path / "run", "-q",
@@ -195,7 +197,7 @@ def test_python_api_warns_of_nan_scores_and_of_one_class_labels(tmp_path):
     import flowrec
 
     rng = np.random.default_rng()
-    above = float(rng.uniform(0.5, 1.5))
+    above = float(rng.uniform(-0.3, 0.3))  # 40 N(0, 1) evaluation rows, some above it and some not
     _write_evalnan_spec(tmp_path, above, int(rng.integers(1 << 20)))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
