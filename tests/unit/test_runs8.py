@@ -1,0 +1,142 @@
+"""Runs, round 8: resuming a finished run, eval and export of a run (one test per defect; each
+fails on the code before its fix)."""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from flowrec.cli import app
+from flowrec.runtime.checkpoint import store as ckpt
+
+runner = CliRunner()
+
+
+def _spec(tmp_path: Path, early: bool = False) -> Path:
+    """A spec of small tables (fresh sizes and seed each time); `early`: bound to a skewed CSV with a
+    test split, evaluated every step, stopping at its second evaluation (no AUC beats the first by 1)."""
+    rng = random.Random()
+    buckets, seed = rng.randint(50, 400), rng.randint(0, 10**6)
+    data, training = "", f"training: {{batch_size: {rng.choice([16, 32])}, epochs: 1, seed: {seed}}}\n"
+    if early:
+        rows = ["label,price,user"] + [f"{int(rng.random() < 0.2)},{rng.expovariate(0.5):.3f},"
+                                       f"u{min(int(rng.paretovariate(1.2)), 60)}" for _ in range(rng.randint(240, 400))]
+        (tmp_path / "raw.csv").write_text("\n".join(rows) + "\n")
+        data = "data: {format: csv, path: raw.csv, label: label, options: {test_fraction: 0.25}}\n"
+        training = training.replace("}\n", ", eval_every: 1, early_stopping: {metric: auc, patience: 1, "
+                                           "min_delta: 1.0}}\n")
+    path = tmp_path / "tiny.yaml"
+    path.write_text(
+        "name: tiny_runs8\n"
+        "features:\n  - {name: price, type: dense}\n"
+        f"  - {{name: user, type: categorical, {'vocab: 80' if early else f'hash_buckets: {buckets}'}, dim: 4}}\n"
+        "modules:\n  - {name: top, kind: mlp, inputs: ['@dense', '@sparse'], layers: [8]}\n"
+        "heads:\n  - {name: ctr, input: top, task: binary, loss: bce}\n" + data + training)
+    return path
+
+
+def _train(spec: Path, run: Path, *extra: str) -> None:
+    done = runner.invoke(app, ["train", str(spec), "--out", str(run), "-q", "--device", "cpu", *extra])
+    assert done.exit_code == 0, done.output
+
+
+def _resume(spec: Path, run: Path, *extra: str):
+    return runner.invoke(app, ["train", str(spec), "--resume", str(run), "--json", *extra])
+
+
+def _loaded_resume(spec: Path, run: Path, monkeypatch, *extra: str):
+    """The resume as it was before: the run loaded (data, model, tables) before it is said finished."""
+    import flowrec.runs.finished as finished
+
+    with monkeypatch.context() as m:
+        m.setattr(finished, "finished_run", lambda *_a, **_k: None)
+        return _resume(spec, run, *extra)
+
+
+def _never_built(monkeypatch) -> None:
+    import flowrec.runs.start as start
+    from flowrec.runtime.trainer import Trainer
+
+    def never(*_a, **_k):
+        raise AssertionError("the finished run's data and model were built, or its tables loaded")
+
+    monkeypatch.setattr(start, "start_session", never)
+    monkeypatch.setattr(Trainer, "load_state", never)
+
+
+def _last_line(result) -> str:
+    return result.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("how", ["epochs", "max_steps", "early_stop"])
+def test_a_finished_run_is_told_from_its_checkpoint_with_the_same_line_and_document(tmp_path: Path, monkeypatch,
+                                                                                  how: str) -> None:
+    """`train --resume RUN` of a finished run read its data, built its model and loaded every table
+    (45-54 s on dlrm_criteo) to say "RUN is finished"; its checkpoint now says so, in the same line
+    and --json document as the loaded run, and nothing is built."""
+    monkeypatch.chdir(tmp_path)
+    spec, run = _spec(tmp_path, early=how == "early_stop"), tmp_path / "run"
+    extra = {"epochs": ["--rows", str(random.randint(150, 400)), "--epochs", str(random.randint(1, 3))],
+             "max_steps": ["--rows", "600", "--max-steps", str(random.randint(1, 4))],
+             "early_stop": ["--epochs", "4"]}[how]
+    _train(spec, run, *extra)
+    before = _loaded_resume(spec, run, monkeypatch)
+    assert before.exit_code == 0, before.output
+    _never_built(monkeypatch)
+    now = _resume(spec, run)
+    assert now.exit_code == 0, now.output
+    assert _last_line(now) == _last_line(before)
+    assert json.loads(now.stdout) == json.loads(before.stdout)
+    assert json.loads(now.stdout)["finished"] is True and "building model" not in now.stderr
+    said = {"epochs": "is finished", "max_steps": "--max-steps", "early_stop": "stopped early"}[how]
+    assert said in _last_line(now), now.stderr
+
+
+def _resaved(run: Path, edit) -> None:
+    state = ckpt.load_checkpoint(run)
+    state.pop("digest")
+    edit(state)
+    ckpt.save_checkpoint(run / "checkpoint.pt", state)
+
+
+def _first_weight(state: dict) -> str:
+    return next(k for k in state["model"] if k.endswith(".weight"))
+
+
+def _reshape_optimizer_state(state: dict) -> None:
+    entry = next(iter(state["dense_optimizer"]["state"].values()))
+    key = next(k for k, v in entry.items() if isinstance(v, torch.Tensor) and v.dim())
+    entry[key] = torch.rand(entry[key].numel() + 3)
+
+
+DAMAGES = {
+    "table_reshaped": lambda s: s["model"].update({_first_weight(s): torch.rand(3, 3)}),
+    "table_retyped": lambda s: s["model"].update({_first_weight(s): s["model"][_first_weight(s)].double()}),
+    "table_missing": lambda s: s["model"].pop(_first_weight(s)),
+    "table_extra": lambda s: s["model"].update(extra=torch.rand(2)),
+    "optimizer_state_reshaped": _reshape_optimizer_state,
+    "optimizer_of_two_groups": lambda s: s["dense_optimizer"]["param_groups"].append(
+        dict(s["dense_optimizer"]["param_groups"][0], params=[])),
+    "optimizer_of_fewer_parameters": lambda s: s["dense_optimizer"]["param_groups"][0]["params"].pop(),
+    "schedule_horizon": lambda s: s.update(schedule={"horizon_steps": -random.randint(1, 9)}),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGES))
+def test_a_finished_run_whose_checkpoint_does_not_fit_gives_the_loaded_runs_line(tmp_path: Path, monkeypatch,
+                                                                                 damage: str) -> None:
+    """A finished run whose checkpoint does not fit the model (re-saved with a valid digest) is not
+    said finished: the run is loaded and gives the line it gave before, exit 2."""
+    monkeypatch.chdir(tmp_path)
+    spec, run = _spec(tmp_path), tmp_path / "run"
+    _train(spec, run, "--rows", str(random.randint(150, 400)))
+    _resaved(run, DAMAGES[damage])
+    before = _loaded_resume(spec, run, monkeypatch)
+    now = _resume(spec, run)
+    assert before.exit_code == now.exit_code == 2, (before.output, now.output)
+    assert _last_line(now) == _last_line(before) and _last_line(now).startswith("error: ")
+    assert "is finished" not in now.output and "Traceback" not in now.output
