@@ -880,8 +880,11 @@ class Trainer:
 
 def checked_horizon(source: Path, state: dict[str, Any]) -> int | None:
     """A checkpoint's schedule horizon (None in checkpoints of older runs); CheckpointError where
-    it is not a step count."""
-    horizon = (state.get("schedule") or {}).get("horizon_steps")
+    it is not a step count (or the schedule's record is not a dict: a traceback before)."""
+    schedule = state.get("schedule")
+    if schedule is not None and not isinstance(schedule, dict):
+        raise CheckpointError(f"{source} is damaged: schedule is a {type(schedule).__name__}, not the schedule's record")
+    horizon = (schedule or {}).get("horizon_steps")
     if horizon is not None and (isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 0):
         raise CheckpointError(f"{source} is damaged: schedule horizon {horizon!r} is not a step count")
     return horizon

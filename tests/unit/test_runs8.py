@@ -164,3 +164,23 @@ def test_eval_and_resume_of_a_model_without_dropout_never_import_dynamo(tmp_path
     out = subprocess.run([sys.executable, "-c", code, str(run)], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "True", "True"], out.stdout
+
+
+@pytest.mark.parametrize("schedule", ["list", "text", "number"])
+@pytest.mark.parametrize("further", [False, True])
+def test_a_checkpoint_whose_schedule_record_is_not_a_dict_is_one_line(tmp_path: Path, monkeypatch, schedule: str,
+                                                                      further: bool) -> None:
+    """A checkpoint (re-saved with a valid digest) whose `schedule` is a list, a text or a number:
+    `--resume` (of the finished run, or with --max-steps further) ended in a traceback
+    ('list' object has no attribute 'get'); it is one line naming the file, exit 2."""
+    monkeypatch.chdir(tmp_path)
+    spec, run = _spec(tmp_path), tmp_path / "run"
+    _train(spec, run, "--rows", str(random.randint(150, 400)))
+    value = {"list": [random.randint(1, 50)], "text": "x" * random.randint(1, 9),
+             "number": random.randint(1, 10**6)}[schedule]
+    _resaved(run, lambda s: s.update(schedule=value))
+    result = _resume(spec, run, *(["--max-steps", "1000"] if further else []))
+    assert result.exit_code == 2, result.output
+    assert _last_line(result) == f"error: {run / 'checkpoint.pt'} is damaged: schedule is a {type(value).__name__}, " \
+                                 f"not the schedule's record"
+    assert "Traceback" not in result.output and isinstance(result.exception, SystemExit)
