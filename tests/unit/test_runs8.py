@@ -184,3 +184,23 @@ def test_a_checkpoint_whose_schedule_record_is_not_a_dict_is_one_line(tmp_path: 
     assert _last_line(result) == f"error: {run / 'checkpoint.pt'} is damaged: schedule is a {type(value).__name__}, " \
                                  f"not the schedule's record"
     assert "Traceback" not in result.output and isinstance(result.exception, SystemExit)
+
+
+@pytest.mark.parametrize("damage", ["stopped_text", "best_text", "bad_evals_negative"])
+def test_a_checkpoint_whose_early_stopping_state_has_wrong_types_is_one_line(tmp_path: Path, monkeypatch,
+                                                                             damage: str) -> None:
+    """A checkpoint (re-saved with a valid digest) whose early-stopping state holds a text or a negative
+    count: `--resume` said a run whose `stopped` was "no" had stopped early (exit 0), and trained on
+    with a text as `best` or a negative `bad_evals` into a traceback at its next evaluation; each is
+    one line naming the file, exit 2."""
+    monkeypatch.chdir(tmp_path)
+    spec, run = _spec(tmp_path, early=True), tmp_path / "run"
+    _train(spec, run, "--epochs", "4")
+    edit = {"stopped_text": {"stopped": random.choice(["no", "false", "0"])},
+            "best_text": {"best": "x" * random.randint(1, 5), "stopped": False},
+            "bad_evals_negative": {"bad_evals": -random.randint(1, 9), "stopped": False}}[damage]
+    _resaved(run, lambda s: s["early_stopping"].update(edit))
+    result = _resume(spec, run)
+    assert result.exit_code == 2, result.output
+    assert _last_line(result) == f"error: {run / 'checkpoint.pt'} is damaged: early_stopping state is not one"
+    assert "Traceback" not in result.output and "stopped early" not in result.output
