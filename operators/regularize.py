@@ -59,6 +59,10 @@ class SeededDropout(nn.Module):
         self.p, self.batch_dim = float(p), batch_dim
         self.seed = 0
         self.rows = 0  # rows drawn since the last reseed
+        if SeededDropout._keep is SeededDropout._keep_mask:  # the first dropout made: `_keep` outside compiled
+            # code from now on; not at import, where `torch.compiler.disable` imported torch._dynamo (3-6 s on
+            # the 2-core VM) into every command that loads a model (eval, export, --resume), dropout or none
+            SeededDropout._keep = torch.compiler.disable(SeededDropout._keep_mask)
 
     def reseed(self, seed: int, first_row: int = 0) -> None:
         """Start the mask stream of `seed` at `first_row` (a rank's first row of the global batch)."""
@@ -69,15 +73,17 @@ class SeededDropout(nn.Module):
             return x
         return x * self._keep(x) / (1.0 - self.p)
 
-    @torch.compiler.disable
-    def _keep(self, x: torch.Tensor) -> torch.Tensor:
-        """The mask of x (1 kept, 0 dropped, in x's dtype, x's shape), drawn outside compiled code:
-        compiled, the seed and the row count, which change every step, were constants of the graph
+    def _keep_mask(self, x: torch.Tensor) -> torch.Tensor:
+        """The mask of x (1 kept, 0 dropped, in x's dtype, x's shape), drawn outside compiled code
+        (`_keep`, wrapped by `torch.compiler.disable` when the first dropout is made): compiled, the
+        seed and the row count, which change every step, were constants of the graph
         (`flowrec train --compile` compiled the dense stage again each step until dynamo's limit)."""
         keep = self._keep_cpu(x)
         if keep is None:  # elsewhere (a GPU): the hash as tensor ops
             keep = (hash32((hash32(self._positions(x)) + self.seed) & MASK32) >= self._threshold()).to(x.dtype)
         return keep
+
+    _keep = _keep_mask
 
     def _threshold(self) -> int:
         """A value is kept where its 32-bit hash is at least this."""

@@ -56,6 +56,7 @@ FILES: dict[str, frozenset[str]] = {
     "tests/unit/test_walk4_hostile.py": FAST,  # export / predict of the newer model kinds, as a hostile user
     "tests/unit/test_readme_walk.py": FAST,  # what a new user following README.md and its pages found
     "tests/unit/test_walk7.py": FAST,  # a seventh walk of README.md and docs/guide.md as a new user
+    "tests/unit/test_runs8.py": FAST,  # resuming a finished run, eval and export of a run: round 8
     "tests/unit/test_precision_note.py": FAST,  # bf16 where the CPU has no bf16 kernels: warned, doctor says so
     "tests/unit/test_lowp.py": FAST,  # bf16 products as fp32 products of bf16 values where the CPU has no bf16 kernels
     "tests/unit/test_walk3_hostile.py": FAST,  # a third walk: sequence separators, Arrow at exit, the model language
@@ -147,6 +148,8 @@ TESTS: dict[str, frozenset[str]] = {
     "tests/unit/test_cost_shared_cores.py::test_two_processes_step_the_spec_at_once": frozenset({"processes"}),
     "tests/unit/test_cost_call_fit.py::test_two_processes_step_two_layouts_and_fit_them": frozenset({"processes"}),
     "tests/unit/test_render.py::test_svg_is_deterministic_across_processes": frozenset({"processes"}),
+    "tests/unit/test_runs8.py::test_eval_and_resume_of_a_model_without_dropout_never_import_dynamo":
+        frozenset({"processes"}),
     "tests/integration/test_cli_plan.py::test_planning_imports_no_torch_or_dask": frozenset({"processes"}),
     "tests/integration/test_cli_spec_hostile.py::test_loader_crashers_in_subprocess": frozenset({"processes"}),
     "tests/integration/test_cli_spec_hostile.py::test_fifo_as_spec_does_not_block": frozenset({"processes"}),

@@ -811,10 +811,7 @@ class Trainer:
 
     def _load_loop_state(self, source: Path, state: dict[str, Any]) -> None:
         """The schedule's horizon and early stopping's state (absent in checkpoints of older runs)."""
-        horizon = (state.get("schedule") or {}).get("horizon_steps")
-        if horizon is not None and (isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 0):
-            raise CheckpointError(f"{source} is damaged: schedule horizon {horizon!r} is not a step count")
-        self.horizon_steps = horizon
+        self.horizon_steps = checked_horizon(source, state)
         stopping = state.get("early_stopping")
         if self.stopper is not None and isinstance(stopping, dict):
             try:
@@ -879,6 +876,18 @@ class Trainer:
         write_text(out / "spec.json", json.dumps(to_dict(self.spec), indent=2, sort_keys=True) + "\n")
         if self.plan_document:
             write_text(out / "plan.json", self.plan_document)
+
+
+def checked_horizon(source: Path, state: dict[str, Any]) -> int | None:
+    """A checkpoint's schedule horizon (None in checkpoints of older runs); CheckpointError where
+    it is not a step count (or the schedule's record is not a dict: a traceback before)."""
+    schedule = state.get("schedule")
+    if schedule is not None and not isinstance(schedule, dict):
+        raise CheckpointError(f"{source} is damaged: schedule is a {type(schedule).__name__}, not the schedule's record")
+    horizon = (schedule or {}).get("horizon_steps")
+    if horizon is not None and (isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 0):
+        raise CheckpointError(f"{source} is damaged: schedule horizon {horizon!r} is not a step count")
+    return horizon
 
 
 def check_optimizer_state(source: Path, optimizer: torch.optim.Optimizer, saved: Any) -> None:

@@ -98,4 +98,20 @@ class EarlyStopper:
         return asdict(self.state)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.state = StopperState(**state)
+        """Take a checkpoint's state; TypeError where its keys or their types are not a stopper's (a
+        text as `best` or `bad_evals` failed at the next evaluation with a traceback, a text as
+        `stopped` said the run stopped early)."""
+        loaded = StopperState(**state)
+        if not (isinstance(loaded.stopped, bool) and _count(loaded.bad_evals)
+                and (loaded.best is None or _number(loaded.best))
+                and (loaded.best_step is None or _count(loaded.best_step))):
+            raise TypeError("not an early stopping state")
+        self.state = loaded
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
