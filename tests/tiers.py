@@ -77,6 +77,7 @@ FILES: dict[str, frozenset[str]] = {
     "tests/unit/test_checkpoint_marks.py": frozenset({"e2e"}),  # trains with and without checkpoints  # trains a few steps under the profiler  # tampered retrieval packages, eval options
     "tests/unit/test_cache_bench.py": frozenset({"processes"}),
     "tests/unit/test_operators_bench.py": frozenset({"processes"}),
+    "tests/unit/test_bench_package_load.py": frozenset({"processes"}),  # tools/bench_package_load.py, one round
     "tests/unit/test_fake_cuda_tier.py": frozenset({"processes"}),
     "tests/unit/test_spec_fuzz.py": frozenset({"fuzz"}),
     **{f"tests/unit/{name}.py": frozenset({"thorough"}) for name in (
