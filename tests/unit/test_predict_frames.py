@@ -106,3 +106,23 @@ def test_the_id_form_check_of_a_call_reads_each_hashed_features_ids_as_text_once
     forms.observe(encoder, rows)
     assert len(made) == 1
     assert all(rule["form"] == "integers" for rule in forms.record().values()) and len(forms.record()) == fields
+
+
+def test_an_id_column_of_pandas_intervals_is_one_line_naming_it_not_arrows_cast_error():
+    """A DataFrame's interval column (pandas' Arrow extension type, stored as a struct) passed the
+    id check and its cast to text was pyarrow's ArrowNotImplementedError traceback; its storage
+    now reaches the check, which refuses it in one line naming the column."""
+    from flowrec.data.layout import DataError
+    from flowrec.data.raw_ids import check_ids
+
+    rng = np.random.default_rng()
+    n = int(rng.integers(2, 40))
+    edges = np.cumsum(rng.zipf(1.5, n + 1))
+    frame = pd.DataFrame({"user": pd.arrays.IntervalArray.from_breaks(edges), "price": rng.lognormal(size=n),
+                          "month": pd.period_range("2024-01", periods=n, freq="M")})
+    for rows in (frame, pa.Table.from_pandas(frame, preserve_index=False)):
+        raw = raw_table(rows)
+        with pytest.raises(DataError, match="^column user holds struct<left: int64, right: int64>, not one id"):
+            check_ids(raw.column("user"), "user", False)
+        assert raw.column("price").to_pylist() == frame.price.tolist()
+        assert raw.column("month").type == pa.Table.from_pandas(frame[["month"]]).column("month").type  # as it was
