@@ -63,6 +63,7 @@ FILES: dict[str, frozenset[str]] = {
     "tests/unit/test_annotation_names.py": FAST,  # names in the CLI's annotations bound (TYPE_CHECKING imports)
     "tests/unit/test_id_forms.py": FAST,  # ids of hashed and managed tables in another form than at training
     "tests/unit/test_id_form_samples.py": FAST,  # the id-form check of all features at once, as one at a time
+    "tests/unit/test_json_scan_tokens.py": FAST,  # the JSON pre-scan reads its own tokens only, with the same answers
     "tests/unit/test_data_duplicates.py": FAST,  # exact duplicate rows named; the seeded split keeps copies on one side
     "tests/unit/test_split_hashes.py": FAST,  # the seeded split hashes each row once over the fit and write passes
     "tests/unit/test_split_resume.py": frozenset({"e2e"}),  # a run of before rule 3 resumed without its data: same rows
