@@ -49,7 +49,8 @@ VARIANTS = ("torch_export_load", "load_program", "load_program_no_memo", "load_m
 SMALL_SPEC = {"name": "package_load_small", "features": [
     {"name": "d0", "type": "dense", "transform": "log1p"},
     {"name": "d1", "type": "dense", "transform": "log1p"},
-    *({"name": f"c{i}", "type": "categorical", "hash_buckets": 50 + 40 * i, "dim": 4 * (1 + i % 2)} for i in range(8))],
+    *({"name": f"c{i}", "type": "categorical", "hash_buckets": 50 + 40 * i, "dim": 4 * (1 + i % 2)}
+      for i in range(8))],
     "modules": [{"name": "deep", "kind": "mlp", "inputs": ["@dense", "@sparse"], "layers": [16]}],
     "heads": [{"name": "ctr", "input": "deep"}],
     "optimizer": {"dense": {"name": "adam", "lr": 0.01}, "sparse": {"name": "adagrad", "lr": 0.1}},
