@@ -587,7 +587,7 @@ def raw_table(table: pa.Table | pd.DataFrame) -> pa.Table:
         for i in sparse:
             table.isetitem(i, table.iloc[:, i].sparse.to_dense())
     try:
-        return nested_storage(frame_table(table))  # (pa.Table.from_pandas's, a wide frame's plain columns read faster)
+        return nested_storage(frame_table(table))  # (pa.Table.from_pandas's; a wide frame's plain columns faster)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
         raise DataError(f"the rows cannot be read: {'; '.join(map(str, exc.args))}{mixed_hint(table)}") from None
     except OverflowError:  # a Python int beyond int64 in an object column
