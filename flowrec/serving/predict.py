@@ -607,16 +607,16 @@ def nested_storage(table: pa.Table) -> pa.Table:
 
 
 def huge_integer(frame: pd.DataFrame) -> str:
-    """What is wrong with the first object column holding a Python int that Arrow cannot read as
-    int64 (pandas' read_csv of ids beyond 64 bits, or of one of 2**63 or more beside a negative one),
-    and how to give it: as text, as a CSV file gives such ids (and training read them).
+    """What is wrong with the first object (or categorical) column holding a Python int that Arrow
+    cannot read as int64 (pandas' read_csv of ids beyond 64 bits, or of one of 2**63 or more beside a
+    negative one), and how to give it: as text, as a CSV file gives such ids (and training read them).
 
     >>> print(huge_integer(pd.DataFrame({"a": [1.5, 2.0], "user": [5, 2 ** 70]})))
     column user holds the integer 1180591620717411303424 at row 1 (0-based), beyond 64 bits: ids of any size are their text, as a CSV file gives them: make the column text with .astype("string") (or read it so: pd.read_csv(..., dtype={'user': "string"})); dense values must be finite float32 numbers
     """
     for name in frame.columns:
         column = frame[name]
-        if column.dtype != object:
+        if column.dtype != object and not isinstance(column.dtype, pd.CategoricalDtype):  # (categories of ints too)
             continue
         for row, value in enumerate(column):
             if isinstance(value, int) and not isinstance(value, bool) and not -2 ** 63 <= value < 2 ** 63:

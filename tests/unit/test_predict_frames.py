@@ -126,3 +126,19 @@ def test_an_id_column_of_pandas_intervals_is_one_line_naming_it_not_arrows_cast_
             check_ids(raw.column("user"), "user", False)
         assert raw.column("price").to_pylist() == frame.price.tolist()
         assert raw.column("month").type == pa.Table.from_pandas(frame[["month"]]).column("month").type  # as it was
+
+
+def test_a_categorical_id_column_of_integers_beyond_64_bits_is_named():
+    """`pd.Categorical` of ids beyond 64 bits: Arrow's OverflowError became 'a column holds an
+    integer beyond 64 bits', naming no column; its column, value and row are named now, as an
+    object column's are."""
+    from flowrec.data.layout import DataError
+
+    rng = np.random.default_rng()
+    n = int(rng.integers(3, 40))
+    ids = [int(v) for v in rng.zipf(1.4, n)]
+    row = int(rng.integers(0, n))
+    ids[row] = 2 ** 64 + int(rng.integers(1, 10 ** 6))
+    frame = pd.DataFrame({"price": rng.lognormal(size=n), "user": pd.Categorical(ids)})
+    with pytest.raises(DataError, match=rf"column user holds the integer {ids[row]} at row {row} \(0-based\), beyond"):
+        raw_table(frame)
