@@ -63,6 +63,8 @@ FILES: dict[str, frozenset[str]] = {
     "tests/unit/test_managed_hostile.py": FAST,  # edited or damaged managed map states, negatives seeds
     "tests/unit/test_annotation_names.py": FAST,  # names in the CLI's annotations bound (TYPE_CHECKING imports)
     "tests/unit/test_id_forms.py": FAST,  # ids of hashed and managed tables in another form than at training
+    "tests/unit/test_id_form_samples.py": FAST,  # the id-form check of all features at once, as one at a time
+    "tests/unit/test_json_scan_tokens.py": FAST,  # the JSON pre-scan reads its own tokens only, with the same answers
     "tests/unit/test_data_duplicates.py": FAST,  # exact duplicate rows named; the seeded split keeps copies on one side
     "tests/unit/test_split_hashes.py": FAST,  # the seeded split hashes each row once over the fit and write passes
     "tests/unit/test_split_resume.py": frozenset({"e2e"}),  # a run of before rule 3 resumed without its data: same rows
@@ -77,6 +79,7 @@ FILES: dict[str, frozenset[str]] = {
     "tests/unit/test_checkpoint_marks.py": frozenset({"e2e"}),  # trains with and without checkpoints  # trains a few steps under the profiler  # tampered retrieval packages, eval options
     "tests/unit/test_cache_bench.py": frozenset({"processes"}),
     "tests/unit/test_operators_bench.py": frozenset({"processes"}),
+    "tests/unit/test_bench_package_load.py": frozenset({"processes"}),  # tools/bench_package_load.py, one round
     "tests/unit/test_fake_cuda_tier.py": frozenset({"processes"}),
     "tests/unit/test_spec_fuzz.py": frozenset({"fuzz"}),
     **{f"tests/unit/{name}.py": frozenset({"thorough"}) for name in (

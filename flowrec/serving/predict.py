@@ -571,7 +571,7 @@ def raw_table(table: pa.Table | pd.DataFrame) -> pa.Table:
         twice = next((name for name in table.column_names if name in seen or seen.add(name)), None)
         if twice is not None:  # (Arrow allows it; reading the column was pyarrow's KeyError 'Field ... exists 2 times')
             raise DataError(f"the rows name column {twice!r} twice: drop or rename one")
-        return table
+        return nested_storage(table)
     if not isinstance(table, pd.DataFrame):
         raise TypeError(f"the rows must be a pandas DataFrame or a pyarrow Table of raw columns, not "
                         f"{type(table).__module__}.{type(table).__qualname__}"
@@ -587,24 +587,36 @@ def raw_table(table: pa.Table | pd.DataFrame) -> pa.Table:
         for i in sparse:
             table.isetitem(i, table.iloc[:, i].sparse.to_dense())
     try:
-        return frame_table(table)  # (pa.Table.from_pandas's, a wide frame's plain columns read faster)
+        return nested_storage(frame_table(table))  # (pa.Table.from_pandas's; a wide frame's plain columns faster)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
         raise DataError(f"the rows cannot be read: {'; '.join(map(str, exc.args))}{mixed_hint(table)}") from None
     except OverflowError:  # a Python int beyond int64 in an object column
         raise DataError(f"the rows cannot be read: {huge_integer(table)}") from None
 
 
+def nested_storage(table: pa.Table) -> pa.Table:
+    """`table` with each column of an extension type stored as a nested one (pandas' intervals: a
+    struct of left and right) as that storage, which the id and dense checks refuse in one line
+    naming the column: such an id column passed them and its cast to text was a traceback."""
+    for i, kind in enumerate(table.schema.types):
+        if isinstance(kind, pa.ExtensionType) and pa.types.is_nested(kind.storage_type):
+            column = table.column(i)
+            table = table.set_column(i, table.field(i).name, pa.chunked_array(
+                [chunk.storage for chunk in column.chunks], kind.storage_type))
+    return table
+
+
 def huge_integer(frame: pd.DataFrame) -> str:
-    """What is wrong with the first object column holding a Python int that Arrow cannot read as
-    int64 (pandas' read_csv of ids beyond 64 bits, or of one of 2**63 or more beside a negative one),
-    and how to give it: as text, as a CSV file gives such ids (and training read them).
+    """What is wrong with the first object (or categorical) column holding a Python int that Arrow
+    cannot read as int64 (pandas' read_csv of ids beyond 64 bits, or of one of 2**63 or more beside a
+    negative one), and how to give it: as text, as a CSV file gives such ids (and training read them).
 
     >>> print(huge_integer(pd.DataFrame({"a": [1.5, 2.0], "user": [5, 2 ** 70]})))
     column user holds the integer 1180591620717411303424 at row 1 (0-based), beyond 64 bits: ids of any size are their text, as a CSV file gives them: make the column text with .astype("string") (or read it so: pd.read_csv(..., dtype={'user': "string"})); dense values must be finite float32 numbers
     """
     for name in frame.columns:
         column = frame[name]
-        if column.dtype != object:
+        if column.dtype != object and not isinstance(column.dtype, pd.CategoricalDtype):  # (categories of ints too)
             continue
         for row, value in enumerate(column):
             if isinstance(value, int) and not isinstance(value, bool) and not -2 ** 63 <= value < 2 ** 63:

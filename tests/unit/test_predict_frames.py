@@ -83,7 +83,8 @@ def test_columns_named_otherwise_than_by_text_are_named_as_from_pandas_names_the
 def test_the_id_form_check_of_a_call_reads_each_hashed_features_ids_as_text_once(monkeypatch):
     """`model.predict` looks at the form of each hashed feature's ids (`flowrec.data.id_forms`): it
     made each feature's text three times and trimmed it four (437 ms of a one-row call of 1,000
-    hashed fields, at load 2.5); once now, with the same record."""
+    hashed fields, at load 2.5); then once a feature; now every feature's text is made in one call
+    (columns of one Arrow type: `id_forms.sample_forms`), with the same record."""
     import flowrec.data.id_forms as id_forms
     from flowrec.data.encode import Encoder
     from flowrec.spec import spec_from_dict
@@ -103,5 +104,41 @@ def test_the_id_form_check_of_a_call_reads_each_hashed_features_ids_as_text_once
     monkeypatch.setattr(id_forms, "as_strings", lambda values: made.append(1) or as_strings(values))
     forms = id_forms.IdForms()
     forms.observe(encoder, rows)
-    assert len(made) == fields
+    assert len(made) == 1
     assert all(rule["form"] == "integers" for rule in forms.record().values()) and len(forms.record()) == fields
+
+
+def test_an_id_column_of_pandas_intervals_is_one_line_naming_it_not_arrows_cast_error():
+    """A DataFrame's interval column (pandas' Arrow extension type, stored as a struct) passed the
+    id check and its cast to text was pyarrow's ArrowNotImplementedError traceback; its storage
+    now reaches the check, which refuses it in one line naming the column."""
+    from flowrec.data.layout import DataError
+    from flowrec.data.raw_ids import check_ids
+
+    rng = np.random.default_rng()
+    n = int(rng.integers(2, 40))
+    edges = np.cumsum(rng.zipf(1.5, n + 1))
+    frame = pd.DataFrame({"user": pd.arrays.IntervalArray.from_breaks(edges), "price": rng.lognormal(size=n),
+                          "month": pd.period_range("2024-01", periods=n, freq="M")})
+    for rows in (frame, pa.Table.from_pandas(frame, preserve_index=False)):
+        raw = raw_table(rows)
+        with pytest.raises(DataError, match="^column user holds struct<left: int64, right: int64>, not one id"):
+            check_ids(raw.column("user"), "user", False)
+        assert raw.column("price").to_pylist() == frame.price.tolist()
+        assert raw.column("month").type == pa.Table.from_pandas(frame[["month"]]).column("month").type  # as it was
+
+
+def test_a_categorical_id_column_of_integers_beyond_64_bits_is_named():
+    """`pd.Categorical` of ids beyond 64 bits: Arrow's OverflowError became 'a column holds an
+    integer beyond 64 bits', naming no column; its column, value and row are named now, as an
+    object column's are."""
+    from flowrec.data.layout import DataError
+
+    rng = np.random.default_rng()
+    n = int(rng.integers(3, 40))
+    ids = [int(v) for v in rng.zipf(1.4, n)]
+    row = int(rng.integers(0, n))
+    ids[row] = 2 ** 64 + int(rng.integers(1, 10 ** 6))
+    frame = pd.DataFrame({"price": rng.lognormal(size=n), "user": pd.Categorical(ids)})
+    with pytest.raises(DataError, match=rf"column user holds the integer {ids[row]} at row {row} \(0-based\), beyond"):
+        raw_table(frame)

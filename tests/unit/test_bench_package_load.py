@@ -1,0 +1,43 @@
+"""tools/bench_package_load.py on a tiny spec, one round: the JSON it writes holds every variant's
+medians, each a positive, finite number of seconds (no timing is asserted)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+TOOL = Path(__file__).resolve().parents[2] / "tools" / "bench_package_load.py"
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location("bench_package_load", TOOL)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_package_load_benchmark_writes_every_variants_figures(tmp_path: Path) -> None:
+    rng = np.random.default_rng()
+    buckets = [int(b) for b in rng.integers(20, 400, 3)]
+    spec = {"name": "bench_load_tiny", "features": [{"name": "d", "type": "dense", "transform": "log1p"}] + [
+        {"name": f"c{i}", "type": "categorical", "hash_buckets": b, "dim": 4} for i, b in enumerate(buckets)],
+        "modules": [{"name": "top", "kind": "mlp", "inputs": ["@dense", "@sparse"], "layers": [4]}],
+        "heads": [{"name": "ctr", "input": "top"}],
+        "optimizer": {"dense": {"name": "adam", "lr": 0.01}, "sparse": {"name": "sgd", "lr": 0.1}},
+        "training": {"batch_size": 32}}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    out = tmp_path / "figures" / "load.json"
+    _tool().main(["--spec", str(tmp_path / "spec.json"), "--rows", str(int(rng.integers(64, 200))), "--steps", "1",
+                  "--rounds", "1", "--out", str(out)])
+    figures = json.loads(out.read_text())
+    assert figures["spec"] == "bench_load_tiny" and figures["fields"] == 3 and figures["same_graph"] is True
+    assert set(figures["median"]) == {"torch_export_load", "load_program", "load_program_no_memo", "load_model",
+                                      "first_predict"}
+    for name, median in figures["median"].items():
+        assert set(median) == {"wall_s", "cpu_s"}, name
+        assert all(math.isfinite(v) and v > 0 for v in median.values()), (name, median)
+        assert len(figures["runs"][name]) == 1
+    assert figures["model_pt2_bytes"] > 0 and len(figures["machine"]["load_average"]) == 3
