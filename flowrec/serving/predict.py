@@ -597,9 +597,13 @@ def raw_table(table: pa.Table | pd.DataFrame) -> pa.Table:
 def nested_storage(table: pa.Table) -> pa.Table:
     """`table` with each column of an extension type stored as a nested one (pandas' intervals: a
     struct of left and right) as that storage, which the id and dense checks refuse in one line
-    naming the column: such an id column passed them and its cast to text was a traceback."""
+    naming the column: such an id column passed them and its cast to text was a traceback. A
+    run-end-encoded column (runs of one value, as Arrow compresses a sorted column) is decoded to
+    its values: it was refused as 'not one id per row'."""
     for i, kind in enumerate(table.schema.types):
-        if isinstance(kind, pa.ExtensionType) and pa.types.is_nested(kind.storage_type):
+        if pa.types.is_run_end_encoded(kind):
+            table = table.set_column(i, table.field(i).name, pc.run_end_decode(table.column(i)))
+        elif isinstance(kind, pa.ExtensionType) and pa.types.is_nested(kind.storage_type):
             column = table.column(i)
             table = table.set_column(i, table.field(i).name, pa.chunked_array(
                 [chunk.storage for chunk in column.chunks], kind.storage_type))

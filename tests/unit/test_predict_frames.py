@@ -142,3 +142,22 @@ def test_a_categorical_id_column_of_integers_beyond_64_bits_is_named():
     frame = pd.DataFrame({"price": rng.lognormal(size=n), "user": pd.Categorical(ids)})
     with pytest.raises(DataError, match=rf"column user holds the integer {ids[row]} at row {row} \(0-based\), beyond"):
         raw_table(frame)
+
+
+def test_a_run_end_encoded_id_column_is_read_as_its_values():
+    """An Arrow table whose sorted id column Arrow compressed into runs (run-end encoding) was refused
+    as 'holds run_end_encoded<...>, not one id per row'; its values are read as the plain column's."""
+    import pyarrow.compute as pc
+
+    from flowrec.data.raw_ids import as_strings, check_ids
+
+    rng = np.random.default_rng()
+    n = int(rng.integers(5, 200))
+    users = pa.array(np.sort(rng.zipf(1.3, n)), mask=rng.random(n) < 0.1)
+    plain = pa.table({"user": users, "price": rng.lognormal(size=n), "tags": [["a", "b"]] * n})
+    encoded = plain.set_column(0, "user", pc.run_end_encode(users)).set_column(
+        2, "tags", pc.run_end_encode(plain.column("tags")))
+    raw = raw_table(encoded)
+    assert raw.equals(raw_table(plain))
+    check_ids(raw.column("user"), "user", False)
+    assert as_strings(raw.column("user")).equals(as_strings(plain.column("user").combine_chunks()))
