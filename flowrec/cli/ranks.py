@@ -206,7 +206,8 @@ def restart_count() -> int:
 def run_launcher(argv: list[str]) -> int:
     """torch.distributed.run with `argv`, its failures as one line and an exit status: the first
     failed rank's (its own message is above; 128 + the signal that killed it), or 128 + the signal
-    that stopped the launcher."""
+    that stopped the launcher. Where the first is rank 0 stopping on an error of its own, its line
+    is the run's one line (as one process says it) and the launcher adds none."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
@@ -221,6 +222,8 @@ def run_launcher(argv: list[str]) -> int:
         rank, failure = first_failure(exc.failures)
         failed = ", ".join(str(r) for r in sorted(exc.failures))
         status = _status(failure)
+        if rank == 0 and report_of(failure).get("line"):  # rank 0's own line is the run's, as one process's:
+            return status  # the same words again ('the first, rank 0, with status 2: ...') said it twice
         print(f"error: training failed: rank(s) {failed} exited; the first, rank {rank}, "
               f"{_how_it_ended(status, report_of(failure).get('line'))}", file=sys.stderr)
         if status is not None and status < 0:
