@@ -506,12 +506,16 @@ def _fail_lost(world, exc: BaseException, where: str = "", note: str = "") -> No
 def _rank_lost(world, exc: BaseException) -> str:
     """What a failed collective says of the other ranks: a timeout is "did not answer within T s",
     anything else (a closed connection: the rank died) is "failed"; the collective's own first line
-    follows in brackets either way."""
+    follows in brackets under torchrun. Under `flowrec train --nproc N` it does not: the launcher's
+    last line names the rank that failed and how, and gloo's words ('Connection reset by peer ...
+    GLHF!') reached the terminal before it."""
+    from flowrec.cli.ranks import launched_nproc
+
     text = first_line(exc)
     timed_out = "timeout" in text.lower() or "timed out" in text.lower()
     what = (f"another rank did not answer within {world.timeout_s:g} s" if timed_out
             else "another rank failed")
-    return f"{what} ({text})"
+    return what if launched_nproc() else f"{what} ({text})"
 
 
 def _claim_folder(request: RunRequest, name: str):
