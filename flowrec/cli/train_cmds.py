@@ -131,7 +131,17 @@ def train(
             _train_command(request, nproc, max_restarts, follow_dir, follow_wait, follow_once, follow_export,
                            follow_order)
     except KeyboardInterrupt as exc:
+        if _launcher_says_it():  # a line per rank; the launcher's one line says what was kept
+            raise typer.Exit(EXIT_INTERRUPTED)
         fail(f"interrupted ({interrupt_name(exc)}) before training started; nothing was trained", EXIT_INTERRUPTED)
+
+
+def _launcher_says_it() -> bool:
+    """A rank of `flowrec train --nproc N` interrupted where its launcher says the line (before
+    training, and on every rank but 0 until the end: `flowrec.cli.ranks._stopped`)."""
+    from flowrec.cli.ranks import launched_nproc
+
+    return bool(launched_nproc()) and _launch_size() > 1
 
 
 def _train_command(request: RunRequest, nproc: int, max_restarts: int, follow_dir, follow_wait: float,
@@ -208,7 +218,9 @@ def _launch(request: RunRequest, nproc: int, max_restarts: int) -> int:
             fail(str(exc))
         lock.release()  # rank 0 locks it again
     _say(f"launching {nproc} ranks (torch.distributed.run, gloo on CPU / nccl on CUDA)")
-    return launch_ranks(nproc, max_restarts, folder)
+    resumed = (f"flowrec train {shell_word(str(request.spec_path))} --resume {shell_word(str(request.resume))} "
+               f"--nproc {nproc}") if request.resume is not None else None
+    return launch_ranks(nproc, max_restarts, folder, resumed)
 
 
 def _check_ranks_have_gpus(spec, request: RunRequest, nproc: int) -> None:
@@ -393,8 +405,10 @@ def _train_as_rank(request: RunRequest, spec, folder: Path | None) -> None:
     from flowrec.runtime.rundir import RunFolderError, folder_state
 
     from flowrec.cli.ranks import stop_with_launcher
+    from flowrec.cli.rank_reports import note_for_launcher
 
     stop_with_launcher()  # a launcher killed by SIGKILL left its ranks training on as orphans
+    note_for_launcher(None)  # rank 0 (of a restart too): nothing trained yet, the launcher's line
     if folder is None:
         fail("every rank must write to the same run folder: give --out DIR (or --resume DIR), or launch "
              "with `flowrec train --nproc N`, which chooses one")
@@ -778,6 +792,9 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     trainer = Trainer(session.spec, session.plan, session.model, config, plan_json(session.plan))
     hooks = _console_hooks(trainer, request.quiet) if trainer.lead else None
     resume_cmd = request.continue_command or _resume_command(request.spec_path, folder)
+    from flowrec.cli.rank_reports import note_for_launcher
+
+    note_for_launcher("")  # rank 0 of --nproc N: from here its own line says where it stopped
     try:
         if state is not None:
             trainer.load_state(state, folder / CHECKPOINT_NAME)
@@ -807,6 +824,8 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     except CacheCapacityError as exc:
         fail(f"at step {trainer.position.step + 1}: {exc}; {trainer.checkpoint_note()}")
     except KeyboardInterrupt as exc:
+        if not trainer.lead and _launcher_says_it():  # rank 0's line says it, once
+            raise typer.Exit(EXIT_INTERRUPTED)
         fail(f"interrupted ({interrupt_name(exc)}) at step {trainer.position.step}; continue with  {resume_cmd}",
              EXIT_INTERRUPTED)
     except (RuntimeError, MemoryError) as exc:

@@ -10,6 +10,9 @@ DIR/release exists (at most HOLD_S seconds), while training goes on.
 FLOWREC_TEST_HOLD_END="DIR" makes rank 0, once its run has finished (before its closing lines),
 write its process id to DIR/held-end and wait until DIR/release exists (at most HOLD_S seconds).
 
+FLOWREC_TEST_HOLD_START="DIR" makes every rank, as it starts loading the run's data, write its
+process id to DIR/held-start-rank<RANK> and wait until DIR/release exists (at most HOLD_S seconds).
+
 FLOWREC_TEST_DATA_ERROR="RANK" makes rank RANK's loading of the run's data raise the DataError a
 damaged file that only this rank reads would raise; "RANK:kill" kills the rank there instead, after
 KILL_AFTER_S seconds (SIGKILL, as the out-of-memory killer does). Without the variables (or in a process that is
@@ -98,3 +101,22 @@ def _install_end_hold(folder: str) -> None:
 
 if os.environ.get("FLOWREC_TEST_HOLD_END") and "RANK" in os.environ:
     _install_end_hold(os.environ["FLOWREC_TEST_HOLD_END"])
+
+
+def _install_start_hold(folder: str) -> None:
+    import flowrec.runs.start as start
+
+    prepare = start.prepare
+
+    def held_prepare(*args, **kwargs):
+        (Path(folder) / f"held-start-rank{os.environ['RANK']}").write_text(str(os.getpid()))
+        deadline = time.monotonic() + HOLD_S
+        while not (Path(folder) / "release").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return prepare(*args, **kwargs)
+
+    start.prepare = held_prepare
+
+
+if os.environ.get("FLOWREC_TEST_HOLD_START") and "RANK" in os.environ:
+    _install_start_hold(os.environ["FLOWREC_TEST_HOLD_START"])
