@@ -860,10 +860,12 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     if result.interrupted:
         _say(f"interrupted: checkpoint saved; continue with  {resume_cmd}")
         raise typer.Exit(EXIT_INTERRUPTED)
-    if late.requested:  # it said "before training started; nothing was trained"
-        _say(f"interrupted after the run finished: {folder} holds all of it, its checkpoint of step "
+    whole = (f"interrupted after the run finished: {folder} holds all of it, its checkpoint of step "
              f"{trainer.position.step} included; nothing to continue")
+    if late.requested:  # it said "before training started; nothing was trained"
+        _say(whole)
         raise typer.Exit(EXIT_INTERRUPTED)
+    note_for_launcher(whole)  # a signal to --nproc N's launcher as it winds up ended it with no line
 
 
 def _own_or_followed(exc: Exception, world) -> tuple[str, int, bool]:

@@ -266,3 +266,38 @@ def test_a_signal_to_the_launch_before_training_is_the_launchers_one_line(work: 
     else:
         assert not (work / out).exists()
 
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint"])
+def test_a_signal_to_the_launcher_after_the_ranks_finished_says_the_run_is_whole(work: Path, tmp_path: Path, sig):
+    # the ranks had finished and exited (rank 0's closing lines out) and torch's launcher was winding up:
+    # the launch ended with 143 (130) and not a line on what the run holds
+    steps = random.randrange(3, 9)
+    out = f"wound_{sig.name}"
+    env = {**subprocess_env(ROOT), "PYTHONPATH": f"{FAULTS}{os.pathsep}{ROOT}",
+           "FLOWREC_TEST_HOLD_LAUNCHER": str(tmp_path)}
+    job = subprocess.Popen([sys.executable, "-m", "flowrec", *_args(out), "--max-steps", str(steps)], cwd=work,
+                           env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        while not (tmp_path / "held-launcher").is_file() and time.monotonic() < deadline:
+            assert job.poll() is None, "the run ended before it was held"
+            time.sleep(0.1)
+        launch = _descendants(job.pid)
+        job.send_signal(sig)
+        time.sleep(2)  # the signal reaches torch's launcher while it is held
+        (tmp_path / "release").write_text("")
+        err = job.communicate(timeout=EXIT_S)[1]
+    finally:
+        (tmp_path / "release").write_text("")
+        if job.poll() is None:
+            job.kill()
+            job.wait(timeout=30)
+    _assert_gone(launch, err)
+    assert job.returncode == 128 + sig, err[-3000:]  # the signal's status, as one process's (docs/distributed.md)
+    said = [line for line in err.splitlines() if "interrupted" in line or line.startswith("error")]
+    assert said == [f"interrupted after the run finished: {out} holds all of it, its checkpoint of step {steps} "
+                    f"included; nothing to continue"], err[-3000:]
+    assert err.strip().splitlines()[-1] == said[0], err[-3000:]
+    from flowrec.runtime.checkpoint.store import load_checkpoint
+
+    assert load_checkpoint(work / out)["position"]["step"] == steps
