@@ -559,13 +559,18 @@ def _train_in_folder(request: RunRequest, spec, folder: Path, world=None) -> Non
 
     resuming = request.resume is not None
     has_checkpoint = resuming and (folder / CHECKPOINT_NAME).is_file()
+    problem = None
     try:
         recorded = read_run_file(folder) if resuming else None
         # ranks map the checkpoint and copy only their rows (no rank assembles whole tables)
         ranks = world is not None
         state = load_checkpoint(folder / CHECKPOINT_NAME, mmap=ranks, lazy_shards=ranks) if has_checkpoint else None
     except (RunFolderError, CheckpointError) as exc:
-        fail(str(exc))
+        problem = str(exc)
+    if world is not None and resuming and _rank_agree(world, world.lead and problem is not None, "the checkpoint"):
+        _refuse(problem or "", world)  # every rank reads the same files: rank 0's line alone (it was one per rank)
+    if problem is not None:
+        fail(problem)
     for key in ("data", "eval_data") + (("init_from",) if state is None and not request.init_from else ()):
         if request.given.get(key) is None and (problem := lost_relative_path(folder, recorded, key)):
             fail(problem)

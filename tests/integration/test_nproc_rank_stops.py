@@ -181,3 +181,18 @@ def test_a_rank_killed_in_training_is_named_without_gloos_words(work: Path) -> N
     assert not any(words in err for words in ("Connection", "transport", "pair.cc", "GLHF", "Traceback")), err[-3000:]
     assert err.strip().splitlines()[-1].endswith(
         f"the first, rank {killed}, was killed by signal 9 (SIGKILL) and wrote no message"), err[-3000:]
+
+
+def test_a_resume_every_rank_refuses_alike_is_rank_0s_line_alone(work: Path) -> None:
+    # `--resume RUN --nproc 2` of a run whose run.json (or a shard its checkpoint names) was damaged or
+    # gone: rank 1, rank 0 and the launcher said the same line, three times
+    first = _train(work, "--out", "damaged", "--max-steps", "2", nproc=1)
+    assert first.returncode == 0, first.stderr[-3000:]
+    run_file = work / "damaged" / "run.json"
+    run_file.write_text(run_file.read_text()[:random.randrange(1, 40)])  # cut short
+    before = _digests(work / "damaged")
+    done = _train(work, "--resume", "damaged", "--max-steps", "4")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    said = [line for line in done.stderr.splitlines() if line.startswith("error")]
+    assert len(said) == 1 and said[0].startswith("error: rank 0: ") and "run.json is damaged" in said[0], said
+    assert _digests(work / "damaged") == before
