@@ -113,8 +113,8 @@ def _stopped(sig: int, status: int, said: str | None, resume_command: str | None
     note: its closing lines are out, the launcher was stopped as it wound up with no line and
     status 130 or 143) the run is whole, and the status is the signal's all the same, as a signal
     to one process as its run finishes ends it with 130 (docs/distributed.md)."""
-    if said == "":
-        return status if status > 0 else 128 + sig
+    if said == "":  # 0: the ranks ended whole before the signal could reach them
+        return 128 + sig if status < 0 else status
     if 0 < status <= 128:  # a rank's own failure (its line, and the launcher's, are out)
         return status
     if said is None:
