@@ -1,6 +1,6 @@
-"""Fault injection for the ranks of `flowrec train` in tests (this folder is put on PYTHONPATH only
-by tests/integration/test_dist_checkpoint_background.py and test_nproc_rank_stops.py; Python imports
-this module at start-up).
+"""Fault injection for the ranks of `flowrec train` and their launcher in tests (this folder is put
+on PYTHONPATH only by tests/integration/test_dist_checkpoint_background.py, test_nproc_rank_stops.py
+and test_nproc_signals.py; Python imports this module at start-up).
 
 FLOWREC_TEST_HOLD_CHECKPOINT="RANK:STEP:DIR" makes rank RANK's checkpoint writer thread, at the
 checkpoint of step STEP (before its shard of a full checkpoint is streamed, or before its delta
