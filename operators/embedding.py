@@ -71,6 +71,17 @@ def init_table_rows(table: str, rows: int, dim: int, seed: int = 0,
     return out.copy_(torch.empty(rows, dim, dtype=out.dtype).uniform_(-bound, bound, generator=gen))
 
 
+def init_table_chunks(table: str, rows: int, dim: int, seed: int = 0, dtype: torch.dtype = torch.float32,
+                      chunk_rows: int = 1 << 18) -> Iterator[tuple[int, torch.Tensor]]:
+    """`init_table_rows` drawn `chunk_rows` rows at a time, as (first row, rows) pairs: the same
+    generator, so the chunks put together are bitwise the whole table (CPU draws are serial), and
+    at most one chunk is held (a rank keeping its share of a table too big for the host twice)."""
+    gen = torch.Generator().manual_seed(table_seed(seed, table))
+    bound = (1.0 / rows) ** 0.5
+    for start in range(0, rows, max(1, chunk_rows)):
+        yield start, torch.empty(min(chunk_rows, rows - start), dim, dtype=dtype).uniform_(-bound, bound, generator=gen)
+
+
 PARALLEL_INIT_ROWS = 1 << 20  # packed rows from which a host table's tables are drawn on several threads
 
 _RESTORING: ContextVar[bool] = ContextVar("flowrec_restoring_tables", default=False)

@@ -26,7 +26,7 @@ FILES: dict[str, frozenset[str]] = {
     **{f"tests/unit/{name}.py": FAST for name in (
         "test_bench_costmodel_merge", "test_doctor_versions", "test_transfer_stage", "test_bench_host_noise", "test_bench_calibration_noise", "test_bench_later_epochs", "test_bench_hit_rate", "test_bench_lookahead_fetches", "test_bench_dense_bound", "test_bench_weight_grads", "test_tool_help_strings", "test_bench_dropout", "test_bench_row_hashes", "test_cache_model",
         "test_cache_next_use",
-        "test_cache_scratchpad", "test_checkpoint_rank_deltas", "test_checkpoint_shards", "test_rank_reports",
+        "test_cache_scratchpad", "test_checkpoint_rank_deltas", "test_checkpoint_shards", "test_rank_reports", "test_sharded_init",
         "test_cost_calibrated", "test_cost_exchange", "test_data_batches", "test_data_rowcache", "test_data_rowpack", "test_data_cachesim", "test_data_checks",
         "test_data_dask", "test_data_lookahead_synth", "test_data_profile_hot", "test_access_unseen", "test_access_epoch", "test_data_strata",
         "test_evalmetrics", "test_fake_cuda_runtime", "test_transfer_pricing", "test_fake_cuda_static", "test_gpu_report",

@@ -1,6 +1,7 @@
 """What a rank of a launch that stops with its one line (`flowrec.cli.common.fail`) tells torch's
 launcher (its error file) and the other ranks (the rendezvous store), and how the launcher reads it
-back (`flowrec.cli.ranks.first_failure`).
+back (`flowrec.cli.ranks.first_failure`), and what rank 0 leaves for the launcher of `--nproc N` to
+say when a signal stops the launch (`note_for_launcher`).
 
 Example:
     >>> report_of(object())
@@ -59,3 +60,37 @@ def report_of(failure: Any) -> dict:
     data = getattr(failure, "error_file_data", None)
     record = data.get(REPORT_KEY) if isinstance(data, dict) else None
     return record if isinstance(record, dict) else {}
+
+
+LAUNCH_NOTE_ENV = "FLOWREC_LAUNCH_NOTE"  # a file of `flowrec train --nproc N`'s launch: rank 0's `note_for_launcher`
+
+
+def note_for_launcher(line: str | None) -> None:
+    """What the launcher of `flowrec train --nproc N` says when a signal stops the launch from now
+    on, as rank 0 sets it (other ranks, and processes outside such a launch, write nothing).
+
+    None (no note: the ranks have not started training): the launcher's own line, that nothing was
+    trained. "": rank 0 says the line itself (its run folder's resume command is out; its
+    interrupt line says where it stopped and what was kept). A line: the run is whole and rank 0's
+    closing lines are out; the launcher says this one (`interrupted after the run finished: ...`)
+    where a signal came too late for any rank to say it. Best effort, replaced atomically."""
+    path = os.environ.get(LAUNCH_NOTE_ENV)
+    if not path or os.environ.get("RANK") != "0":
+        return
+    try:
+        if line is None:
+            Path(path).unlink(missing_ok=True)
+            return
+        part = Path(f"{path}.part")
+        part.write_text(line)
+        os.replace(part, path)
+    except OSError:
+        pass
+
+
+def launcher_note(path: Path) -> str | None:
+    """The note rank 0 left at `path` (`note_for_launcher`), or None."""
+    try:
+        return path.read_text()
+    except OSError:
+        return None

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from flowrec.cli.common import fail
-from flowrec.cli.rank_reports import report_of
+from flowrec.cli.rank_reports import LAUNCH_NOTE_ENV, launcher_note, report_of
 from flowrec.runs.errors import EXIT_INTERRUPTED, EXIT_RANK_FAILED
 
 LAUNCHER_OPTIONS = {"--nproc", "--max-restarts"}  # ours, not the ranks' (each takes a value)
@@ -52,13 +52,15 @@ def command_args(argv: list[str]) -> list[str]:
     return args[args.index("train") + 1:]
 
 
-def launch_ranks(nproc: int, max_restarts: int, folder: Path | None) -> int:
+def launch_ranks(nproc: int, max_restarts: int, folder: Path | None, resume_command: str | None = None) -> int:
     """Run this `flowrec train` command line on `nproc` local ranks; the launcher's exit status.
 
     Args:
         nproc: local processes (ranks).
         max_restarts: restarts of every rank after a failure (from the last checkpoint).
         folder: the run folder to pass as --out when the command names none.
+        resume_command: what continues the run named by --resume (None: a new run), for the one
+            line a signal before training gets.
     """
     args = strip_options(command_args(sys.argv), LAUNCHER_OPTIONS)
     if folder is not None:
@@ -78,23 +80,50 @@ def launch_ranks(nproc: int, max_restarts: int, folder: Path | None) -> int:
     # ranks' temp files) a folder of this launch, removed when it ends
     with tempfile.TemporaryDirectory(prefix="flowrec-ranks-", ignore_cleanup_errors=True) as tmp, \
             forwarded_signals() as forwarder:
+        note = Path(tmp) / "rank0-note"  # what rank 0 leaves this process to say after a signal
         # its own session: a terminal's Ctrl-C reaches it once, through this process, not twice
-        launcher = subprocess.Popen(cmd, env={**env, "TMPDIR": tmp, NPROC_ENV: str(nproc)}, start_new_session=True)
+        launcher = subprocess.Popen(cmd, env={**env, "TMPDIR": tmp, NPROC_ENV: str(nproc), LAUNCH_NOTE_ENV: str(note)},
+                                    start_new_session=True)
         forwarder.attach(launcher)
         status = launcher.wait()
-    if status < 0:  # the launcher ended by a signal: a launch status of sys.exit(-15), 241, and no word
-        sig = -status
-        try:
-            name = signal.Signals(sig).name
-        except ValueError:
-            name = f"signal {sig}"
-        if forwarder.signum == sig:  # the one sent on, before the launcher could handle it: it was starting
-            print(f"error: interrupted ({name}) before training started; nothing was trained", file=sys.stderr)
-        else:  # `kill -9` of its pid: its ranks get SIGTERM from the kernel (`stop_with_launcher`)
-            print(f"error: torch's launcher (pid {launcher.pid}) was killed by {name}; the ranks it started "
-                  f"stop after their step, each with its checkpoint line", file=sys.stderr)
-        return 128 + sig
+        said = launcher_note(note)
+    if forwarder.signum is not None:  # the launch was asked to stop: one line of what was kept
+        return _stopped(forwarder.signum, status, said, resume_command)
+    if status < 0:  # `kill -9` of its pid: its ranks get SIGTERM from the kernel (`stop_with_launcher`)
+        print(f"error: torch's launcher (pid {launcher.pid}) was killed by {_signal_name(-status)}; the ranks it "
+              f"started stop after their step, each with its checkpoint line", file=sys.stderr)
+        return 128 - status
     return status
+
+
+def _signal_name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+def _stopped(sig: int, status: int, said: str | None, resume_command: str | None) -> int:
+    """The exit status of a launch that signal `sig` asked to stop (its launcher's `status`), after
+    its one line: rank 0's own where it said one (`said` is "": it trained, and its line says where
+    it stopped and how to continue; else the launcher's status and line stand), else this
+    process's: before training (no note: the ranks said nothing, each rank's 'interrupted ... before
+    training started' was a line per rank, and a rank stopped before its handlers were in place
+    left none) nothing was trained and a resumed run is as it was; after the run finished (rank 0's
+    note: its closing lines are out, the launcher was stopped as it wound up with no line and
+    status 130 or 143) the run is whole, and the status is the signal's all the same, as a signal
+    to one process as its run finishes ends it with 130 (docs/distributed.md)."""
+    if said == "":  # 0: the ranks ended whole before the signal could reach them
+        return 128 + sig if status < 0 else status
+    if 0 < status <= 128:  # a rank's own failure (its line, and the launcher's, are out)
+        return status
+    if said is None:
+        kept = f"; the run is as it was: continue with  {resume_command}" if resume_command else ""
+        print(f"error: interrupted ({_signal_name(sig)}) before training started; nothing was trained{kept}",
+              file=sys.stderr)
+    else:
+        print(said, file=sys.stderr)
+    return 128 + sig
 
 
 class SignalForwarder:
@@ -206,7 +235,8 @@ def restart_count() -> int:
 def run_launcher(argv: list[str]) -> int:
     """torch.distributed.run with `argv`, its failures as one line and an exit status: the first
     failed rank's (its own message is above; 128 + the signal that killed it), or 128 + the signal
-    that stopped the launcher."""
+    that stopped the launcher. Where the first is rank 0 stopping on an error of its own, its line
+    is the run's one line (as one process says it) and the launcher adds none."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
@@ -221,6 +251,8 @@ def run_launcher(argv: list[str]) -> int:
         rank, failure = first_failure(exc.failures)
         failed = ", ".join(str(r) for r in sorted(exc.failures))
         status = _status(failure)
+        if rank == 0 and report_of(failure).get("line"):  # rank 0's own line is the run's, as one process's:
+            return status  # the same words again ('the first, rank 0, with status 2: ...') said it twice
         print(f"error: training failed: rank(s) {failed} exited; the first, rank {rank}, "
               f"{_how_it_ended(status, report_of(failure).get('line'))}", file=sys.stderr)
         if status is not None and status < 0:

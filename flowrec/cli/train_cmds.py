@@ -131,7 +131,17 @@ def train(
             _train_command(request, nproc, max_restarts, follow_dir, follow_wait, follow_once, follow_export,
                            follow_order)
     except KeyboardInterrupt as exc:
+        if _launcher_says_it():  # a line per rank; the launcher's one line says what was kept
+            raise typer.Exit(EXIT_INTERRUPTED)
         fail(f"interrupted ({interrupt_name(exc)}) before training started; nothing was trained", EXIT_INTERRUPTED)
+
+
+def _launcher_says_it() -> bool:
+    """A rank of `flowrec train --nproc N` interrupted where its launcher says the line (before
+    training, and on every rank but 0 until the end: `flowrec.cli.ranks._stopped`)."""
+    from flowrec.cli.ranks import launched_nproc
+
+    return bool(launched_nproc()) and _launch_size() > 1
 
 
 def _train_command(request: RunRequest, nproc: int, max_restarts: int, follow_dir, follow_wait: float,
@@ -208,7 +218,9 @@ def _launch(request: RunRequest, nproc: int, max_restarts: int) -> int:
             fail(str(exc))
         lock.release()  # rank 0 locks it again
     _say(f"launching {nproc} ranks (torch.distributed.run, gloo on CPU / nccl on CUDA)")
-    return launch_ranks(nproc, max_restarts, folder)
+    resumed = (f"flowrec train {shell_word(str(request.spec_path))} --resume {shell_word(str(request.resume))} "
+               f"--nproc {nproc}") if request.resume is not None else None
+    return launch_ranks(nproc, max_restarts, folder, resumed)
 
 
 def _check_ranks_have_gpus(spec, request: RunRequest, nproc: int) -> None:
@@ -393,8 +405,10 @@ def _train_as_rank(request: RunRequest, spec, folder: Path | None) -> None:
     from flowrec.runtime.rundir import RunFolderError, folder_state
 
     from flowrec.cli.ranks import stop_with_launcher
+    from flowrec.cli.rank_reports import note_for_launcher
 
     stop_with_launcher()  # a launcher killed by SIGKILL left its ranks training on as orphans
+    note_for_launcher(None)  # rank 0 (of a restart too): nothing trained yet, the launcher's line
     if folder is None:
         fail("every rank must write to the same run folder: give --out DIR (or --resume DIR), or launch "
              "with `flowrec train --nproc N`, which chooses one")
@@ -506,12 +520,16 @@ def _fail_lost(world, exc: BaseException, where: str = "", note: str = "") -> No
 def _rank_lost(world, exc: BaseException) -> str:
     """What a failed collective says of the other ranks: a timeout is "did not answer within T s",
     anything else (a closed connection: the rank died) is "failed"; the collective's own first line
-    follows in brackets either way."""
+    follows in brackets under torchrun. Under `flowrec train --nproc N` it does not: the launcher's
+    last line names the rank that failed and how, and gloo's words ('Connection reset by peer ...
+    GLHF!') reached the terminal before it."""
+    from flowrec.cli.ranks import launched_nproc
+
     text = first_line(exc)
     timed_out = "timeout" in text.lower() or "timed out" in text.lower()
     what = (f"another rank did not answer within {world.timeout_s:g} s" if timed_out
             else "another rank failed")
-    return f"{what} ({text})"
+    return what if launched_nproc() else f"{what} ({text})"
 
 
 def _claim_folder(request: RunRequest, name: str):
@@ -541,6 +559,7 @@ def _train_in_folder(request: RunRequest, spec, folder: Path, world=None) -> Non
 
     resuming = request.resume is not None
     has_checkpoint = resuming and (folder / CHECKPOINT_NAME).is_file()
+    problem = None
     try:
         recorded = read_run_file(folder) if resuming else None
         # the checkpoint is mapped, not read into memory (a finished run's answer copies no table), and
@@ -548,7 +567,11 @@ def _train_in_folder(request: RunRequest, spec, folder: Path, world=None) -> Non
         ranks = world is not None
         state = load_checkpoint(folder / CHECKPOINT_NAME, mmap=True, lazy_shards=ranks) if has_checkpoint else None
     except (RunFolderError, CheckpointError) as exc:
-        fail(str(exc))
+        problem = str(exc)
+    if world is not None and resuming and _rank_agree(world, world.lead and problem is not None, "the checkpoint"):
+        _refuse(problem or "", world)  # every rank reads the same files: rank 0's line alone (it was one per rank)
+    if problem is not None:
+        fail(problem)
     for key in ("data", "eval_data") + (("init_from",) if state is None and not request.init_from else ()):
         if request.given.get(key) is None and (problem := lost_relative_path(folder, recorded, key)):
             fail(problem)
@@ -777,6 +800,9 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     trainer = Trainer(session.spec, session.plan, session.model, config, plan_json(session.plan))
     hooks = _console_hooks(trainer, request.quiet) if trainer.lead else None
     resume_cmd = request.continue_command or _resume_command(request.spec_path, folder)
+    from flowrec.cli.rank_reports import note_for_launcher
+
+    note_for_launcher("")  # rank 0 of --nproc N: from here its own line says where it stopped
     try:
         if state is not None:
             trainer.load_state(state, folder / CHECKPOINT_NAME)
@@ -806,6 +832,8 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     except CacheCapacityError as exc:
         fail(f"at step {trainer.position.step + 1}: {exc}; {trainer.checkpoint_note()}")
     except KeyboardInterrupt as exc:
+        if not trainer.lead and _launcher_says_it():  # rank 0's line says it, once
+            raise typer.Exit(EXIT_INTERRUPTED)
         fail(f"interrupted ({interrupt_name(exc)}) at step {trainer.position.step}; continue with  {resume_cmd}",
              EXIT_INTERRUPTED)
     except (RuntimeError, MemoryError) as exc:
@@ -840,10 +868,12 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     if result.interrupted:
         _say(f"interrupted: checkpoint saved; continue with  {resume_cmd}")
         raise typer.Exit(EXIT_INTERRUPTED)
-    if late.requested:  # it said "before training started; nothing was trained"
-        _say(f"interrupted after the run finished: {folder} holds all of it, its checkpoint of step "
+    whole = (f"interrupted after the run finished: {folder} holds all of it, its checkpoint of step "
              f"{trainer.position.step} included; nothing to continue")
+    if late.requested:  # it said "before training started; nothing was trained"
+        _say(whole)
         raise typer.Exit(EXIT_INTERRUPTED)
+    note_for_launcher(whole)  # a signal to --nproc N's launcher as it winds up ended it with no line
 
 
 def _own_or_followed(exc: Exception, world) -> tuple[str, int, bool]:

@@ -1,6 +1,6 @@
-"""Fault injection for the ranks of `flowrec train` in tests (this folder is put on PYTHONPATH only
-by tests/integration/test_dist_checkpoint_background.py and test_nproc_rank_stops.py; Python imports
-this module at start-up).
+"""Fault injection for the ranks of `flowrec train` and their launcher in tests (this folder is put
+on PYTHONPATH only by tests/integration/test_dist_checkpoint_background.py, test_nproc_rank_stops.py
+and test_nproc_signals.py; Python imports this module at start-up).
 
 FLOWREC_TEST_HOLD_CHECKPOINT="RANK:STEP:DIR" makes rank RANK's checkpoint writer thread, at the
 checkpoint of step STEP (before its shard of a full checkpoint is streamed, or before its delta
@@ -9,6 +9,13 @@ DIR/release exists (at most HOLD_S seconds), while training goes on.
 
 FLOWREC_TEST_HOLD_END="DIR" makes rank 0, once its run has finished (before its closing lines),
 write its process id to DIR/held-end and wait until DIR/release exists (at most HOLD_S seconds).
+
+FLOWREC_TEST_HOLD_LAUNCHER="DIR" makes torch's launcher of `flowrec train --nproc N`, once its ranks
+have exited (the run over, before it returns), write its process id to DIR/held-launcher and wait
+until DIR/release exists (at most HOLD_S seconds).
+
+FLOWREC_TEST_HOLD_START="DIR" makes every rank, as it starts loading the run's data, write its
+process id to DIR/held-start-rank<RANK> and wait until DIR/release exists (at most HOLD_S seconds).
 
 FLOWREC_TEST_DATA_ERROR="RANK" makes rank RANK's loading of the run's data raise the DataError a
 damaged file that only this rank reads would raise; "RANK:kill" kills the rank there instead, after
@@ -98,3 +105,43 @@ def _install_end_hold(folder: str) -> None:
 
 if os.environ.get("FLOWREC_TEST_HOLD_END") and "RANK" in os.environ:
     _install_end_hold(os.environ["FLOWREC_TEST_HOLD_END"])
+
+
+def _install_launcher_hold(folder: str) -> None:
+    import torch.distributed.run as torch_run
+
+    run = torch_run.run
+
+    def held_run(*args, **kwargs):
+        try:
+            return run(*args, **kwargs)
+        finally:
+            (Path(folder) / "held-launcher").write_text(str(os.getpid()))
+            deadline = time.monotonic() + HOLD_S
+            while not (Path(folder) / "release").exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+
+    torch_run.run = held_run
+
+
+if os.environ.get("FLOWREC_TEST_HOLD_LAUNCHER") and "RANK" not in os.environ:
+    _install_launcher_hold(os.environ["FLOWREC_TEST_HOLD_LAUNCHER"])
+
+
+def _install_start_hold(folder: str) -> None:
+    import flowrec.runs.start as start
+
+    prepare = start.prepare
+
+    def held_prepare(*args, **kwargs):
+        (Path(folder) / f"held-start-rank{os.environ['RANK']}").write_text(str(os.getpid()))
+        deadline = time.monotonic() + HOLD_S
+        while not (Path(folder) / "release").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return prepare(*args, **kwargs)
+
+    start.prepare = held_prepare
+
+
+if os.environ.get("FLOWREC_TEST_HOLD_START") and "RANK" in os.environ:
+    _install_start_hold(os.environ["FLOWREC_TEST_HOLD_START"])

@@ -63,7 +63,10 @@ def _check_lines(err: str, rank: int) -> None:
     said = [] if rank == 0 else [
         f"error: rank {other}: stopped before training: rank {rank} stopped first (its line says why)"]
     assert follower == said, err[-3000:]
-    last = err.strip().splitlines()[-1]  # rank 1 left without a status of its own (0) after rank 0's refusal
+    last = err.strip().splitlines()[-1]
+    if rank == 0:  # rank 0's line is the run's one line, as one process says it: not a second time by the launcher
+        assert last == own[0] and err.count(own[0].split(": ", 2)[2]) == 1, err[-3000:]
+        return
     assert last.startswith("error: training failed: rank(s) 0") and last.endswith(
         f" exited; the first, rank {rank}, with status 2: {own[0].split(': ', 2)[2]}"), last
 
@@ -120,3 +123,76 @@ def test_a_rank_killed_while_loading_its_data_is_the_one_named(work: Path) -> No
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("error: training failed: rank(s) ") and last.endswith(
         " exited; the first, rank 1, was killed by signal 9 (SIGKILL) and wrote no message"), done.stderr[-3000:]
+
+
+def _rank_pid(launch_pid: int, rank: int) -> int | None:
+    """The process id of rank `rank` of the launch under `launch_pid` (Linux /proc), or None."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            children.setdefault(int(stat.read_text().rsplit(")", 1)[1].split()[1]), []).append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    todo = [launch_pid]
+    while todo:
+        for pid in children.get(todo.pop(), []):
+            todo.append(pid)
+            try:
+                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if f"RANK={rank}".encode() in env and b"flowrec\0train" in cmd and b"flowrec.cli.ranks" not in cmd:
+                return pid
+    return None
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").is_file(), reason="finds the ranks through /proc")
+def test_a_rank_killed_in_training_is_named_without_gloos_words(work: Path) -> None:
+    # `kill -9` of rank 1 while training: the launcher's last line named it (137), but rank 0's line
+    # before it carried gloo's words: 'another rank failed ([.../gloo/transport/tcp/pair.cc:537] Read
+    # error [127.0.0.1]:17825: Connection reset by peer. ... GLHF! ...)'
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    killed = random.randrange(2)
+    job = subprocess.Popen([sys.executable, "-m", "flowrec", "train", "spec.yaml", "--data", "d", "-q", "--out", "k9",
+                            "--eval-every", "0", "--epochs", "200", "--dist-timeout", "60", "--nproc", "2"],
+                           cwd=work, env=subprocess_env(ROOT), stderr=subprocess.PIPE, text=True)
+    try:
+        metrics, deadline = work / "k9" / "metrics.jsonl", time.monotonic() + TIMEOUT_S
+        while not (metrics.is_file() and sum('"event": "train"' in line for line in metrics.open()) >= 3):
+            assert job.poll() is None and time.monotonic() < deadline, "no training steps"
+            time.sleep(0.1)
+        pid = _rank_pid(job.pid, killed)
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        err = job.communicate(timeout=TIMEOUT_S)[1]
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait(timeout=30)
+    assert job.returncode == 128 + 9, err[-3000:]
+    other = [line for line in err.splitlines() if line.startswith(f"error: rank {1 - killed}: ")]
+    assert len(other) == 1 and "another rank failed" in other[0], err[-3000:]
+    assert not any(words in err for words in ("Connection", "transport", "pair.cc", "GLHF", "Traceback")), err[-3000:]
+    assert err.strip().splitlines()[-1].endswith(
+        f"the first, rank {killed}, was killed by signal 9 (SIGKILL) and wrote no message"), err[-3000:]
+
+
+def test_a_resume_every_rank_refuses_alike_is_rank_0s_line_alone(work: Path) -> None:
+    # `--resume RUN --nproc 2` of a run whose run.json (or a shard its checkpoint names) was damaged or
+    # gone: rank 1, rank 0 and the launcher said the same line, three times
+    first = _train(work, "--out", "damaged", "--max-steps", "2", nproc=1)
+    assert first.returncode == 0, first.stderr[-3000:]
+    run_file = work / "damaged" / "run.json"
+    run_file.write_text(run_file.read_text()[:random.randrange(1, 40)])  # cut short
+    before = _digests(work / "damaged")
+    done = _train(work, "--resume", "damaged", "--max-steps", "4")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    said = [line for line in done.stderr.splitlines() if line.startswith("error")]
+    assert len(said) == 1 and said[0].startswith("error: rank 0: ") and "run.json is damaged" in said[0], said
+    assert _digests(work / "damaged") == before

@@ -217,3 +217,87 @@ def test_a_signal_as_the_run_finishes_is_one_line_of_what_was_kept(work: Path, t
     from flowrec.runtime.checkpoint.store import load_checkpoint
 
     assert load_checkpoint(work / out)["position"]["step"] == steps
+
+
+def _digests(folder: Path) -> dict[str, bytes]:
+    import hashlib
+
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).digest()
+            for p in sorted(folder.rglob("*")) if p.is_file() and not p.name.startswith(".")}
+
+
+@pytest.mark.parametrize("resumed", [False, True], ids=["new", "resumed"])
+def test_a_signal_to_the_launch_before_training_is_the_launchers_one_line(work: Path, tmp_path: Path, resumed: bool):
+    # SIGTERM to `flowrec train --nproc 2` while its ranks loaded their data: each rank said 'error: rank N:
+    # interrupted (SIGTERM) before training started; nothing was trained' (a rank not yet listening said
+    # nothing), and a resumed run's line did not say it was kept nor how to continue it
+    out = f"early_{'resumed' if resumed else 'new'}"
+    if resumed:
+        first = run_flowrec(*_args(out, 1), "--max-steps", str(random.randrange(1, 4)), cwd=work, root=ROOT,
+                            timeout_s=TIMEOUT_S)
+        assert first.returncode == 0, first.stderr[-3000:]
+        before = _digests(work / out)
+    env = {**subprocess_env(ROOT), "PYTHONPATH": f"{FAULTS}{os.pathsep}{ROOT}", "FLOWREC_TEST_HOLD_START": str(tmp_path)}
+    args = _args(out) if not resumed else ["train", "spec.yaml", "--resume", out, "-q", "--nproc", "2"]
+    sig = random.choice([signal.SIGTERM, signal.SIGHUP])
+    job = subprocess.Popen([sys.executable, "-m", "flowrec", *args], cwd=work, env=env, stderr=subprocess.PIPE,
+                           text=True)
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        while not list(tmp_path.glob("held-start-rank*")) and time.monotonic() < deadline:
+            assert job.poll() is None, "the run ended before it was held"
+            time.sleep(0.1)
+        launch = _descendants(job.pid)
+        job.send_signal(sig)
+        err = job.communicate(timeout=EXIT_S)[1]
+    finally:
+        (tmp_path / "release").write_text("")
+        if job.poll() is None:
+            job.kill()
+            job.wait(timeout=30)
+    _assert_gone(launch, err)
+    assert job.returncode == 128 + sig, err[-3000:]
+    said = [line for line in err.splitlines() if "interrupted" in line or line.startswith("error")]
+    kept = f"; the run is as it was: continue with  flowrec train spec.yaml --resume {out} --nproc 2" if resumed else ""
+    assert said == [f"error: interrupted ({sig.name}) before training started; nothing was trained{kept}"], err[-3000:]
+    assert err.strip().splitlines()[-1] == said[0] and "Traceback" not in err, err[-3000:]
+    if resumed:
+        assert _digests(work / out) == before  # untouched: the printed command continues it
+    else:
+        assert not (work / out).exists()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint"])
+def test_a_signal_to_the_launcher_after_the_ranks_finished_says_the_run_is_whole(work: Path, tmp_path: Path, sig):
+    # the ranks had finished and exited (rank 0's closing lines out) and torch's launcher was winding up:
+    # the launch ended with 143 (130) and not a line on what the run holds
+    steps = random.randrange(3, 9)
+    out = f"wound_{sig.name}"
+    env = {**subprocess_env(ROOT), "PYTHONPATH": f"{FAULTS}{os.pathsep}{ROOT}",
+           "FLOWREC_TEST_HOLD_LAUNCHER": str(tmp_path)}
+    job = subprocess.Popen([sys.executable, "-m", "flowrec", *_args(out), "--max-steps", str(steps)], cwd=work,
+                           env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        while not (tmp_path / "held-launcher").is_file() and time.monotonic() < deadline:
+            assert job.poll() is None, "the run ended before it was held"
+            time.sleep(0.1)
+        launch = _descendants(job.pid)
+        job.send_signal(sig)
+        time.sleep(2)  # the signal reaches torch's launcher while it is held
+        (tmp_path / "release").write_text("")
+        err = job.communicate(timeout=EXIT_S)[1]
+    finally:
+        (tmp_path / "release").write_text("")
+        if job.poll() is None:
+            job.kill()
+            job.wait(timeout=30)
+    _assert_gone(launch, err)
+    assert job.returncode == 128 + sig, err[-3000:]  # the signal's status, as one process's (docs/distributed.md)
+    said = [line for line in err.splitlines() if "interrupted" in line or line.startswith("error")]
+    assert said == [f"interrupted after the run finished: {out} holds all of it, its checkpoint of step {steps} "
+                    f"included; nothing to continue"], err[-3000:]
+    assert err.strip().splitlines()[-1] == said[0], err[-3000:]
+    from flowrec.runtime.checkpoint.store import load_checkpoint
+
+    assert load_checkpoint(work / out)["position"]["step"] == steps

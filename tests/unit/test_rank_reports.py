@@ -62,7 +62,9 @@ def test_the_launcher_names_the_rank_whose_own_error_stopped_the_others(monkeypa
         failure.timestamp = 1_700_000_000  # one poll of the launcher
     assert _launch(monkeypatch, failures) == status
     err = capsys.readouterr().err
-    assert err == f"error: training failed: rank(s) 0, 1 exited; the first, rank {origin}, with status {status}: {own}\n"
+    # rank 0's own line is the run's one line (printed by rank 0): the launcher said it a second time
+    said = f"error: training failed: rank(s) 0, 1 exited; the first, rank 1, with status {status}: {own}\n"
+    assert err == (said if origin == 1 else "")
 
 
 def test_of_two_ranks_with_errors_of_their_own_the_earlier_is_named(monkeypatch, capsys, tmp_path: Path) -> None:
@@ -109,3 +111,22 @@ def test_a_rank_the_launcher_stopped_after_another_was_killed_is_not_named(monke
         failure.timestamp = 1_700_000_000
     assert _launch(monkeypatch, failures) == 137
     assert "the first, rank 1, was killed by signal 9 (SIGKILL) and wrote no message" in capsys.readouterr().err
+
+
+def test_the_launchers_line_after_a_signal_is_the_one_rank_0_left(capsys) -> None:
+    # `flowrec.cli.ranks._stopped`: what `flowrec train --nproc N` says and exits with once a signal asked it to stop
+    from flowrec.cli.ranks import _stopped
+
+    sig = random.choice([1, 2, 15])
+    command = f"flowrec train s.yaml --resume run{random.randrange(100)} --nproc 2"
+    name = {1: "SIGHUP", 2: "SIGINT", 15: "SIGTERM"}[sig]
+    assert _stopped(sig, 128 + sig, None, command) == 128 + sig  # before training: the launcher's line
+    assert capsys.readouterr().err == (f"error: interrupted ({name}) before training started; nothing was trained; "
+                                       f"the run is as it was: continue with  {command}\n")
+    whole = f"interrupted after the run finished: run{random.randrange(100)} holds all of it, ..."
+    assert _stopped(sig, random.choice([130, 143]), whole, None) == 128 + sig  # after it: rank 0's words
+    assert capsys.readouterr().err == whole + "\n"
+    assert _stopped(sig, 130, "", command) == 130 and _stopped(sig, -sig, "", None) == 128 + sig  # rank 0 said it
+    assert _stopped(sig, 0, "", command) == 0  # the ranks ended whole before the signal reached them
+    assert _stopped(sig, 2, None, command) == 2  # a rank's own failure: its line is out
+    assert capsys.readouterr().err == ""

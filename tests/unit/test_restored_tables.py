@@ -208,8 +208,8 @@ def test_a_ranks_shard_restored_next_is_not_drawn(monkeypatch: pytest.MonkeyPatc
     context a shard holds this rank's rows of the whole tables' draws."""
     from flowrec.runtime.distributed import sharded
 
-    plain = sharded.init_table_rows
-    drawn = _draws(monkeypatch, sharded)
+    plain, chunks, drawn = embedding.init_table_rows, sharded.init_table_chunks, []
+    monkeypatch.setattr(sharded, "init_table_chunks", lambda table, *a, **k: (drawn.append(table), chunks(table, *a, **k))[1])
     with embedding.restoring_tables():
         shard = sharded.ShardedPackedEmbedding(_group(), world_size=2, rank=1, seed=4)
     assert drawn == [] and shard.weight.shape == (sharded.local_row_count(49, 2, 1), 4)

@@ -40,7 +40,7 @@ from flowrec.runtime.distributed.groups import local_index, local_row_count, own
 from flowrec.runtime.distributed.pooling import pool_unique, unique_row_grads
 from flowrec.runtime.distributed.schedule import Steps, lookup_groups
 from operators.casting import Casting, casted_row_grads, compute_casting
-from operators.embedding import TORCH_DTYPES, init_table_rows, mean_bag_flags, restoring
+from operators.embedding import TORCH_DTYPES, init_table_chunks, mean_bag_flags, restoring
 from operators.sparse_optim import SparseOptimizer, make_optimizer
 
 EXCHANGE_PARTS: tuple[str, ...] = ("counts", "ids", "rows", "grads")  # `bytes_sent` keys
@@ -223,15 +223,21 @@ def initial_local_rows(group: PackedGroup, world_size: int, rank: int, seed: int
                        dtype: torch.dtype) -> torch.Tensor:
     """This rank's rows of the group's initial packed table, bitwise those one process draws.
 
-    Each logical table is drawn whole (`init_table_rows`: one generator per table, so the values
-    do not depend on the packing nor the world size) and this rank keeps its rows; peak memory is
-    one logical table.  # (local_rows, D)
+    Each logical table is drawn by its own generator (`init_table_chunks`, so the values depend
+    neither on the packing nor on the world size), a chunk of `INIT_CHUNK_ROWS` rows at a time, and
+    this rank keeps its rows of each chunk: peak memory is its share plus one chunk. Drawing whole
+    tables (and their packed ids in int64) took about five times a rank's share: two ranks of a
+    table that fit the host were killed by the out-of-memory killer before training.  # (local_rows, D)
     """
     out = torch.empty(local_row_count(group.rows, world_size, rank), group.dim, dtype=dtype)
     for slot in group.tables:
-        packed = torch.arange(slot.row_offset, slot.row_offset + slot.rows, dtype=torch.int64)
-        mine = packed[owner_of(packed, world_size) == rank]
-        if mine.numel():
-            table = init_table_rows(slot.table, slot.rows, group.dim, seed, dtype=dtype)
-            out.index_copy_(0, local_index(mine, world_size), table.index_select(0, mine - slot.row_offset))
+        for start, chunk in init_table_chunks(slot.table, slot.rows, group.dim, seed, dtype, INIT_CHUNK_ROWS):
+            first = slot.row_offset + start  # packed id of the chunk's first row
+            lo, hi = first + (rank - first) % world_size, first + len(chunk)  # this rank's first packed id, the end
+            mine = torch.arange(lo, max(lo, hi), world_size, dtype=torch.int64)  # empty where it owns none
+            if mine.numel():
+                out.index_copy_(0, local_index(mine, world_size), chunk.index_select(0, mine - first))
     return out
+
+
+INIT_CHUNK_ROWS = 1 << 18  # rows of a table drawn at once by `initial_local_rows`
