@@ -44,9 +44,33 @@ def module_kinds(view: DocView) -> dict[str, str]:
     return {n: m.body["kind"] for n, m in view.by_name("modules").items() if isinstance(m.body.get("kind"), str)}
 
 
+def unknown_kind_modules(view: DocView) -> frozenset[str]:
+    """Names of the modules whose kind is misspelt or missing (`kind: pel`): the schema's issue
+    names the kind; which outputs such a module has cannot be told."""
+    known = get_args(ModuleKind)
+    return frozenset(n for n, m in view.by_name("modules").items() if m.body.get("kind") not in known)
+
+
+def split_input(token: str, kinds: dict[str, str], unknown: frozenset[str]) -> tuple[str, str | None] | None:
+    """`split_output`, where a module of an unknown kind (`unknown_kind_modules`) is still a module:
+    its name, or `<module>.<output>`, reads it, so the modules and heads reading it are not also
+    said to read an unknown name, nor it to feed no head.
+
+    >>> split_input("mix.like", {"mix": "pel"}, frozenset({"mix"})), split_input("mix.like", {"mix": "mlp"}, frozenset())
+    (('mix', 'like'), None)
+    """
+    split = split_output(token, kinds)
+    if split is not None or not unknown:
+        return split
+    if token in unknown:
+        return token, None
+    module, dot, output = token.rpartition(".")
+    return (module, output) if dot and module in unknown else None
+
+
 def output_ref(view: DocView, token: str) -> tuple[Item, str | None] | None:
-    """The module (and named output) `token` reads, if it reads a module (`split_output`)."""
-    split = split_output(token, module_kinds(view))
+    """The module (and named output) `token` reads, if it reads a module (`split_input`)."""
+    split = split_input(token, module_kinds(view), unknown_kind_modules(view))
     return None if split is None else (view.by_name("modules")[split[0]], split[1])
 
 
@@ -72,6 +96,8 @@ def output_problem(module: Item, output: str | None) -> str | None:
     if output is None:
         return None
     kind = module.body.get("kind")
+    if kind not in get_args(ModuleKind):
+        return None  # a misspelt or missing kind: its own issue says so, its outputs cannot be told
     names = module.body.get(NAMED_OUTPUT_KINDS.get(kind, "") if isinstance(kind, str) else "", ())
     names = names if isinstance(names, list | tuple) else ()
     if output in names:
@@ -224,8 +250,8 @@ def _bad_query(ref: Ref) -> bool:
 def check_cycles(view: DocView) -> list[SpecIssue]:
     """Module inputs must form a DAG; each cycle is named once."""
     modules = view.by_name("modules")
-    kinds = module_kinds(view)
-    edges = {n: [s[0] for t in (m.inputs or ()) if (s := split_output(t, kinds)) is not None and s[0] != n]
+    kinds, unknown = module_kinds(view), unknown_kind_modules(view)
+    edges = {n: [s[0] for t in (m.inputs or ()) if (s := split_input(t, kinds, unknown)) is not None and s[0] != n]
              for n, m in modules.items()}
     state: dict[str, int] = {}  # 1: on the DFS stack, 2: done
     issues = []
@@ -354,8 +380,8 @@ def check_reach(view: DocView) -> list[SpecIssue]:
     mods, heads = view.by_name("modules"), view.items("heads")
     if "heads" in view.bad_sections or any(m.inputs is None for m in view.items("modules")):
         return []
-    kinds = module_kinds(view)
-    reads = [split_output(h.get("input", str) or "", kinds) for h in heads]
+    kinds, unknown = module_kinds(view), unknown_kind_modules(view)
+    reads = [split_input(h.get("input", str) or "", kinds, unknown) for h in heads]
     if any(r is None for r in reads):
         return []  # a head reading an unknown name is reported by check_heads
     todo = [r[0] for r in reads]
@@ -364,7 +390,7 @@ def check_reach(view: DocView) -> list[SpecIssue]:
         name = todo.pop()
         if name not in reached:
             reached.add(name)
-            todo.extend(s[0] for t in mods[name].inputs or () if (s := split_output(t, kinds)) is not None)
+            todo.extend(s[0] for t in mods[name].inputs or () if (s := split_input(t, kinds, unknown)) is not None)
     return [
         SpecIssue(m.path, f"module {name!r} does not feed any head (its output would be unused)")
         for name, m in mods.items() if name not in reached

@@ -1,0 +1,45 @@
+"""What an eighth walk found, a demanding user's day with the Python API and the model language
+(docs/python.md, docs/spec.md): one test per defect (each fails on the code before its fix)."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from flowrec.spec.validate import validate_document
+
+
+def _mixture_spec(kind: str, tower_kind: str = "mlp") -> dict:
+    """A PLE / MMoE spec of random sizes: a tower reads one named output, a head the other."""
+    rng = random.Random()
+    dim = rng.choice([4, 8, 16])
+    heads = ["like", "love"]
+    mixture = {"name": "mix", "inputs": ["@sparse"], "expert_layers": [rng.randint(8, 64), dim], "heads": heads}
+    if kind is not None:
+        mixture["kind"] = kind
+    return {
+        "name": "walk8",
+        "features": [{"name": n, "type": "categorical", "vocab": rng.randint(5, 5000), "dim": dim}
+                     for n in ("user_id", "item_id", "age")],
+        "modules": [mixture, {"name": "like_tower", "kind": tower_kind, "inputs": ["mix.like"],
+                              "layers": [rng.randint(2, 32)]}],
+        "heads": [{"name": "like", "input": "like_tower", "label": "label"},
+                  {"name": "love", "input": "mix.love", "label": "rating_5"}],
+    }
+
+
+@pytest.mark.parametrize("kind", ["pel", "moee", None])
+def test_a_misspelt_mixture_kind_is_one_line_not_also_its_readers(kind: str | None) -> None:
+    """`kind: pel` for ple gave its one line and then three more that were wrong: the towers
+    reading `mix.like` read an 'unknown feature or module', the head reading `mix.love` an unknown
+    module, and 'mix' (which both read) fed no head; the kind's line alone now, as a misspelt mlp
+    kind gives."""
+    spec = _mixture_spec(kind)
+    issues = validate_document(spec)
+    assert [i.path for i in issues] == ["modules[0]" if kind is None else "modules[0].kind"], issues
+    spec["modules"][0]["kind"] = "ple" if kind != "moee" else "moe"
+    spec["modules"][0].update({"task_experts": 2} if kind != "moee" else {"experts": 3})
+    assert validate_document(spec) == []
+    spec["modules"][1]["inputs"] = ["mix.lik"]  # a real unknown output of a known kind is still named
+    assert [str(i) for i in validate_document(spec)] == [
+        "modules[1].inputs[0]: module 'mix' has no output 'lik' (outputs: like, love)"]
