@@ -43,3 +43,37 @@ def test_a_misspelt_mixture_kind_is_one_line_not_also_its_readers(kind: str | No
     spec["modules"][1]["inputs"] = ["mix.lik"]  # a real unknown output of a known kind is still named
     assert [str(i) for i in validate_document(spec)] == [
         "modules[1].inputs[0]: module 'mix' has no output 'lik' (outputs: like, love)"]
+
+
+def test_a_custom_class_that_fails_its_dry_run_names_the_spec_in_python(tmp_path, monkeypatch) -> None:
+    """`flowrec.train("my.yaml")` of a custom class whose forward raises said ': 1 error(s)' (no
+    spec named), where `flowrec train my.yaml` says 'my.yaml: modules[1].class: ...'; the
+    SpecError now names the spec file (a ModelSpec by its name), as every other spec problem does."""
+    import flowrec
+    from flowrec.spec import load_spec
+    from flowrec.spec.errors import SpecError
+
+    monkeypatch.chdir(tmp_path)
+    width = random.randint(3, 40)
+    (tmp_path / "blocks.py").write_text(
+        "from torch import nn\n\n\nclass Broken(nn.Module):\n"
+        "    def __init__(self, n):\n        super().__init__()\n        self.lin = nn.Linear(n, 2)\n\n"
+        "    def forward(self, x):\n        raise KeyError('no such column')\n")
+    (tmp_path / "my.yaml").write_text(f"""
+name: walk8_custom
+features:
+  - {{name: user_id, type: categorical, hash_buckets: {random.randint(10, 900)}, dim: 4}}
+  - {{name: price, type: dense, transform: log1p}}
+modules:
+  - {{name: bottom, kind: mlp, inputs: ["@dense", user_id], layers: [{width}]}}
+  - {{name: mine, kind: custom, class: "blocks.py:Broken", inputs: [bottom], params: {{n: {width}}}}}
+heads:
+  - {{name: click, input: mine}}
+""")
+    for spec, source in (("my.yaml", "my.yaml"), (load_spec(tmp_path / "my.yaml"), "ModelSpec 'walk8_custom'")):
+        with pytest.raises(SpecError) as err:
+            flowrec.train(spec, out=None, rows=500, max_steps=2, progress=False)
+        first, line = str(err.value).splitlines()
+        assert first == f"{source}: 1 error(s)", str(err.value)
+        assert line.startswith("  modules[1].class: ") and "KeyError" in line, line
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "__pycache__") == ["blocks.py", "my.yaml"]
