@@ -77,3 +77,26 @@ heads:
         assert first == f"{source}: 1 error(s)", str(err.value)
         assert line.startswith("  modules[1].class: ") and "KeyError" in line, line
     assert sorted(p.name for p in tmp_path.iterdir() if p.name != "__pycache__") == ["blocks.py", "my.yaml"]
+
+
+def _swaps(word: str) -> list[str]:
+    """The word with two neighbouring letters swapped, each place where that changes it."""
+    return [w for i in range(len(word) - 1) if (w := word[:i] + word[i + 1] + word[i] + word[i + 2:]) != word]
+
+
+def test_two_swapped_letters_of_a_module_kind_suggest_that_kind() -> None:
+    """`kind: mpl`, mlp's letters swapped (the commonest slip of the commonest kind), said 'did you
+    mean 'ple'?': difflib ties the two and took the later name. Of names as close as each other,
+    the one fewest slips away (a swap is one) is named now; every swap of every kind names it."""
+    from typing import get_args
+
+    from flowrec.spec.model import ModuleKind
+
+    spec = _mixture_spec("moe")
+    spec["modules"][0]["experts"] = random.randint(2, 6)
+    for kind in get_args(ModuleKind):
+        for typo in _swaps(kind):
+            spec["modules"][1]["kind"] = typo
+            issues = [i for i in validate_document(spec) if i.path == "modules[1].kind"]
+            if len(kind) > 2:  # 'mf' is no closer to 'fm' than difflib's cutoff: no guess
+                assert issues and issues[0].message.endswith(f"(did you mean {kind!r}?)"), (typo, issues)
