@@ -100,3 +100,21 @@ def test_two_swapped_letters_of_a_module_kind_suggest_that_kind() -> None:
             issues = [i for i in validate_document(spec) if i.path == "modules[1].kind"]
             if len(kind) > 2:  # 'mf' is no closer to 'fm' than difflib's cutoff: no guess
                 assert issues and issues[0].message.endswith(f"(did you mean {kind!r}?)"), (typo, issues)
+
+
+def test_run_evaluate_of_a_misspelt_group_by_names_the_close_feature() -> None:
+    """`run.evaluate(group_by="userid")` listed the model's one-id features but named no close one,
+    where `flowrec eval RUN --group-by userid` asks 'did you mean 'user_id'?'; it asks too now."""
+    from types import SimpleNamespace
+
+    from flowrec.runtime.evaluation.evaluate import GroupByError, group_slot
+
+    names = ["user_id", "item_id", random.choice(["age", "zip_code", "occupation"])]
+    fields = [SimpleNamespace(feature=n, max_len=1, table=n) for n in names]
+    model = SimpleNamespace(groups=[SimpleNamespace(fields=fields)], managed=None)
+    with pytest.raises(GroupByError) as err:
+        group_slot(model, "userid")
+    assert "(did you mean 'user_id'?)" in str(err.value) and ", ".join(names) in str(err.value), str(err.value)
+    with pytest.raises(GroupByError) as err:
+        group_slot(model, "price")  # nothing close: no guess
+    assert "did you mean" not in str(err.value)
