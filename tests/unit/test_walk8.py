@@ -118,3 +118,35 @@ def test_run_evaluate_of_a_misspelt_group_by_names_the_close_feature() -> None:
     with pytest.raises(GroupByError) as err:
         group_slot(model, "price")  # nothing close: no guess
     assert "did you mean" not in str(err.value)
+
+
+def test_a_misspelt_custom_class_names_the_close_one(tmp_path, monkeypatch) -> None:
+    """`class: blocks.py:GatedCros` of a file of many classes listed the first 8 of its names
+    (sorted: the meant one may not be among them) and `torch.nn:Linaer` only torch's AttributeError;
+    validate, plan and train now ask 'did you mean ...?', as a misspelt feature or kind does."""
+    from flowrec.spec.files import validate_file
+    from operators.custom_code import CustomModuleError, import_class
+
+    monkeypatch.chdir(tmp_path)
+    meant = "Gated" + "".join(random.choices("ABCDEFGHJK", k=3))  # sorted last: not among the 8 names listed
+    names = sorted({"Block" + "".join(random.choices("ABCDEFGHJK", k=4)) for _ in range(12)} | {meant})
+    (tmp_path / "blocks.py").write_text("from torch import nn\n\n" + "".join(
+        f"\nclass {n}(nn.Module):\n    def forward(self, x):\n        return x\n\n" for n in names))
+    typo = "Gatde" + meant[5:]  # two letters swapped
+    (tmp_path / "my.yaml").write_text(f"""
+name: walk8_class
+features:
+  - {{name: price, type: dense}}
+modules:
+  - {{name: mine, kind: custom, class: "blocks.py:{typo}", inputs: ["@dense"]}}
+heads:
+  - {{name: click, input: mine}}
+""")
+    (issue,) = validate_file(tmp_path / "my.yaml")
+    assert issue.path == "modules[0].class" and f"(did you mean {meant!r}?)" in issue.message, issue
+    with pytest.raises(CustomModuleError) as err:
+        import_class(f"blocks.py:{typo}")
+    assert f"(did you mean {meant!r}?)" in str(err.value), str(err.value)
+    with pytest.raises(CustomModuleError) as err:
+        import_class("torch.nn:Linaer")
+    assert str(err.value).endswith("(did you mean 'Linear'?)"), str(err.value)
