@@ -150,3 +150,21 @@ heads:
     with pytest.raises(CustomModuleError) as err:
         import_class("torch.nn:Linaer")
     assert str(err.value).endswith("(did you mean 'Linear'?)"), str(err.value)
+
+
+def test_a_misspelt_run_folder_names_the_run_beside_it(tmp_path) -> None:
+    """`flowrec.load("runs/pel")` (`flowrec eval runs/pel`, `export runs/pel PKG`) of the run
+    runs/ple said 'no checkpoint at runs/pel', as of a folder without a checkpoint; it says there is
+    no such folder and names the run of a close name beside it."""
+    from flowrec.runtime.checkpoint.format import CheckpointError
+    from flowrec.runtime.checkpoint.store import load_checkpoint
+
+    name = "".join(random.sample("abcdefgh", 6))  # distinct letters: the swap makes another name
+    for run in (name, "other_run"):
+        (tmp_path / run).mkdir()
+        (tmp_path / run / "checkpoint.pt").write_bytes(random.randbytes(64))
+    typo = name[1] + name[0] + name[2:]
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint(tmp_path / typo)
+    assert str(err.value) == (f"no checkpoint at {tmp_path / typo}: there is no such file or folder "
+                              f"(did you mean {str(tmp_path / name)!r}?)"), str(err.value)
