@@ -168,3 +168,27 @@ def test_a_misspelt_run_folder_names_the_run_beside_it(tmp_path) -> None:
         load_checkpoint(tmp_path / typo)
     assert str(err.value) == (f"no checkpoint at {tmp_path / typo}: there is no such file or folder "
                               f"(did you mean {str(tmp_path / name)!r}?)"), str(err.value)
+
+
+@pytest.mark.parametrize("task", ["binary", "multiclass", "regression"])
+def test_a_head_weighted_by_its_own_label_is_refused(task: str) -> None:
+    """`{name: love, label: rating_5, sample_weight: rating_5}` validated and trained with exit 0:
+    every negative weighed 0, so the head learned from positives alone (MovieLens: love AUC 0.50,
+    calibration 4.7, logloss 12.7). A binary or multiclass head weighted by its own label is one
+    line now; a regression head may weigh rows by its target, and any head by another column."""
+    spec = _mixture_spec("moe")
+    spec["modules"][0]["experts"] = random.randint(2, 6)
+    label = random.choice(["rating_5", "clicked", "stars"])
+    spec["heads"][1].update(label=label, sample_weight=label, task=task)
+    if task == "multiclass":
+        spec["heads"][1]["num_classes"] = random.randint(2, 9)
+    issues = validate_document(spec)
+    if task == "regression":
+        assert issues == []
+        return
+    zero = "negative (label 0)" if task == "binary" else "row of class 0"
+    assert [str(i) for i in issues] == [
+        f"heads[1].sample_weight: sample_weight {label!r} is the head's own label: every {zero} would weigh 0 and "
+        "train nothing; weigh the rows by another column, or leave it out"]
+    spec["heads"][1]["sample_weight"] = "w"
+    assert validate_document(spec) == []
