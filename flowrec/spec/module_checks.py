@@ -397,6 +397,40 @@ def check_reach(view: DocView) -> list[SpecIssue]:
     ]
 
 
+def check_outputs_read(view: DocView) -> list[SpecIssue]:
+    """Every named output of a moe / ple module is read by some module or head, unless the module
+    is read whole (`mix`: all its outputs): an output nobody reads (`heads: [like, love, hate]`
+    with no reader of `mix.hate`) trained its gate (and a ple's own experts of the last level)
+    for nothing, without a word. Skipped while some reader names nothing or an output the module
+    lacks, or a module or feature is named as an output: those are their own lines."""
+    mods, heads = view.items("modules"), view.items("heads")
+    if "heads" in view.bad_sections or "modules" in view.bad_sections or any(m.inputs is None for m in mods):
+        return []
+    if not all(_all_resolved(view, m) for m in mods) or not all(h.clean for h in heads):
+        return []
+    kinds, unknown = module_kinds(view), unknown_kind_modules(view)
+    reads = [split_input(h.body["input"], kinds, unknown) for h in heads]
+    if any(split is None for split in reads):
+        return []  # a head reading an unknown name: check_heads' line
+    reads += [(r.module.name, r.output) for m in mods for r in resolve(view, m) if r.module is not None]
+    modules = view.by_name("modules")
+    if any(output is not None and output_problem(modules[name], output) is not None for name, output in reads):
+        return []  # a misspelt output ('mix.lik') is check_inputs' line, not also 'like' read by nothing
+    names = set(modules) | set(view.by_name("features"))
+    issues = []
+    for m in mods:
+        key = NAMED_OUTPUT_KINDS.get(m.body.get("kind")) if m.clean else None
+        if key is None or (m.name, None) in reads:
+            continue
+        if any(f"{m.name}.{output}" in names for output in m.body[key]):
+            return []  # a module or feature named as an output: that ambiguity is its own line
+        issues += [SpecIssue(f"{m.path}.{key}[{j}]", f"output {output!r} of module {m.name!r} is read by no module "
+                                                      f"or head (its gate would train for nothing): read it as "
+                                                      f"{m.name}.{output}, or remove it")
+                   for j, output in enumerate(m.body[key]) if (m.name, output) not in reads]
+    return issues
+
+
 def _attention_inputs(module: Item) -> SpecIssue | None:
     """A self_attention reads [sequence], or [sequence, target] with output target."""
     if module.body.get("kind") != SELF_ATTENTION or not isinstance(module.inputs, tuple):
@@ -416,4 +450,4 @@ def check_attention_inputs(view: DocView) -> list[SpecIssue]:
 
 
 MODULE_CHECKS = (check_inputs, check_sequences, check_cycles, check_shapes, check_usage, check_reach,
-                 check_attention_inputs)
+                 check_outputs_read, check_attention_inputs)

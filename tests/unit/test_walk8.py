@@ -192,3 +192,19 @@ def test_a_head_weighted_by_its_own_label_is_refused(task: str) -> None:
         "train nothing; weigh the rows by another column, or leave it out"]
     spec["heads"][1]["sample_weight"] = "w"
     assert validate_document(spec) == []
+
+
+def test_a_mixture_output_nobody_reads_is_named() -> None:
+    """`heads: [like, love, hate]` on a ple whose 'hate' output no tower or head read validated and
+    trained (its gate and its last level's own experts learning nothing), exit 0; that output is one
+    line now. A mixture read whole (`inputs: [mix]`) reads every output."""
+    spec = _mixture_spec("ple")
+    spec["modules"][0].update(task_experts=random.randint(1, 3), levels=random.randint(1, 3))
+    assert validate_document(spec) == []
+    extra = random.choice(["hate", "skip", "share"])
+    spec["modules"][0]["heads"].append(extra)
+    assert [str(i) for i in validate_document(spec)] == [
+        f"modules[0].heads[2]: output {extra!r} of module 'mix' is read by no module or head (its gate would train "
+        f"for nothing): read it as mix.{extra}, or remove it"]
+    spec["modules"][1]["inputs"] = ["mix"]  # the tower reads every output
+    assert validate_document(spec) == []
