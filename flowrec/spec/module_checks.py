@@ -220,6 +220,9 @@ def check_sequences(view: DocView) -> list[SpecIssue]:
         if kind not in get_args(ModuleKind):
             continue  # the schema names the kind it does not know: which inputs fit it cannot be told
         seq_index, seq_name = SEQUENCE_INPUT.get(kind, (None, ""))
+        if kind == TARGET_ATTENTION and (swapped := _swapped_attention_inputs(view, m)) is not None:
+            issues.append(swapped)
+            continue
         for ref in resolve(view, m):
             path = f"{m.path}.inputs[{ref.index}]"
             seqs = [f.name for f in ref.features if f.unpooled]
@@ -239,6 +242,20 @@ def check_sequences(view: DocView) -> list[SpecIssue]:
                 issues.append(SpecIssue(path, "the query of target_attention must be one pooled sparse "
                                               "feature or a module"))
     return issues
+
+
+def _swapped_attention_inputs(view: DocView, module: Item) -> SpecIssue | None:
+    """`inputs: [click_sequence, adgroup_id]` of a target_attention, the order self_attention's
+    `output: target` takes: one line saying which order it reads, where three lines said that the
+    sequence, the query and the second input were each wrong."""
+    refs = resolve(view, module)
+    if len(refs) != 2 or len(module.inputs or ()) != 2:
+        return None
+    sequence, query = refs
+    if len(sequence.features) != 1 or not sequence.features[0].unpooled or _bad_query(query):
+        return None
+    return SpecIssue(f"{module.path}.inputs", f"target_attention reads [query, sequence], the sequence second: write "
+                                              f"inputs: [{query.token}, {sequence.token}]")
 
 
 def _bad_query(ref: Ref) -> bool:

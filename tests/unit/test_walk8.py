@@ -208,3 +208,32 @@ def test_a_mixture_output_nobody_reads_is_named() -> None:
         f"for nothing): read it as mix.{extra}, or remove it"]
     spec["modules"][1]["inputs"] = ["mix"]  # the tower reads every output
     assert validate_document(spec) == []
+
+
+@pytest.mark.parametrize("query", ["adgroup_id", "bottom"])
+def test_target_attention_inputs_in_self_attentions_order_are_one_line(query: str) -> None:
+    """`kind: target_attention, inputs: [click_sequence, adgroup_id]`, the order self_attention's
+    `output: target` takes, gave three lines (the sequence has pooling none, the query must be
+    pooled, the second input must be a sequence); one line now says which order it reads."""
+    dim = random.choice([4, 8, 16])
+    spec = {
+        "name": "walk8_din",
+        "features": [
+            {"name": "adgroup_id", "type": "categorical", "table": "items"},
+            {"name": "click_sequence", "type": "sequence", "table": "items", "max_len": random.randint(2, 60),
+             "pooling": "none"},
+            {"name": "price", "type": "dense"},
+        ],
+        "tables": [{"name": "items", "hash_buckets": random.randint(10, 10**6), "dim": dim}],
+        "modules": [
+            {"name": "bottom", "kind": "mlp", "inputs": ["@dense", "adgroup_id"], "layers": [dim]},
+            {"name": "din", "kind": "target_attention", "inputs": ["click_sequence", query]},
+            {"name": "top", "kind": "mlp", "inputs": ["din", "bottom"], "layers": [8]},
+        ],
+        "heads": [{"name": "ctr", "input": "top"}],
+    }
+    assert [str(i) for i in validate_document(spec)] == [
+        f"modules[1].inputs: target_attention reads [query, sequence], the sequence second: write inputs: "
+        f"[{query}, click_sequence]"]
+    spec["modules"][1]["inputs"].reverse()
+    assert validate_document(spec) == []
