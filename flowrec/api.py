@@ -245,7 +245,6 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
     from flowrec.runtime.progress import reading_bar
     from flowrec.runs.settings import given_problem, write_run_file
     from flowrec.runs.start import record_encoder, run_settings, start_session, train_config
-    from flowrec.runtime.custom import resolve_custom
     from flowrec.runtime.checkpoint.store import CheckpointError
     from flowrec.runtime.nonfinite import TrainingStopped
     from flowrec.runtime.run_log import MetricsError
@@ -260,7 +259,8 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
     if isinstance(spec, ModelSpec):
         _check_model_spec(spec)
     spec_path = Path(spec).expanduser() if not isinstance(spec, ModelSpec) else Path.cwd() / f"{spec.name}.yaml"
-    model_spec = resolve_custom(load_spec(spec_path) if not isinstance(spec, ModelSpec) else spec)
+    model_spec = _with_custom_widths(load_spec(spec_path) if not isinstance(spec, ModelSpec) else spec,
+                                     str(spec_path) if not isinstance(spec, ModelSpec) else f"ModelSpec {spec.name!r}")
     folder = Path(out).expanduser() if out is not None else None  # '~/runs/x' made a folder named ~ here
     given = {"data": _text(data), "eval_data": _text(eval_data), "rows": _whole(rows), "seed": _whole(seed),
              "device": device, "device_budget": device_budget, "epochs": _whole(epochs),
@@ -488,6 +488,18 @@ def _check_device(device: str) -> None:
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise RunError(f"device {device!r} was asked for, but CUDA is not available on this machine: "
                        "give device=\"cpu\" (or \"auto\")")
+
+
+def _with_custom_widths(spec: ModelSpec, source: str) -> ModelSpec:
+    """`resolve_custom`, its `SpecError` (a custom class that fails its dry run) naming the spec as
+    a spec file's problems do (`my.yaml: 1 error(s)`), where it began ': 1 error(s)'."""
+    from flowrec.runtime.custom import resolve_custom
+    from flowrec.spec.errors import SpecError
+
+    try:
+        return resolve_custom(spec)
+    except SpecError as exc:
+        raise SpecError(exc.issues, exc.source or source) from None
 
 
 def _check_model_spec(spec: ModelSpec) -> None:

@@ -10,6 +10,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import difflib
 import hashlib
 import importlib
 import importlib.util
@@ -206,12 +207,16 @@ def import_class(path: str) -> type:
             module = _load_file(module_name) if module_name.endswith(".py") else importlib.import_module(module_name)
         cls = getattr(module, class_name)
     except AttributeError as exc:
-        if not module_name.endswith(".py") or getattr(exc, "obj", None) is not module:  # a package's own words
+        if getattr(exc, "obj", None) is not module:  # raised inside the package or file: its own words
             raise CustomModuleError(f"cannot import {path!r}: {why(exc)}") from None
+        close = difflib.get_close_matches(class_name, [n for n in dir(module) if not n.startswith("_")], n=1)
+        meant = f" (did you mean {close[0]!r}?)" if close else ""  # a package's 100 names are not listed
+        if not module_name.endswith(".py"):
+            raise CustomModuleError(f"cannot import {path!r}: {why(exc)}{meant}") from None
         # a file is imported under a name of flowrec's (flowrec_custom_<stem>_<hashes>): name the file instead
         names = ", ".join(sorted(n for n in vars(module) if not n.startswith("_"))[:8]) or "nothing"
-        raise CustomModuleError(f"cannot import {path!r}: {module_name} defines no {class_name!r} (it defines "
-                                f"{names})") from None
+        raise CustomModuleError(f"cannot import {path!r}: {module_name} defines no {class_name!r}{meant} (it "
+                                f"defines {names})") from None
     except (Exception, SystemExit) as exc:  # importing runs the module's top level: anything may fail
         raise CustomModuleError(f"cannot import {path!r}: {why(exc)}") from None
     if not (isinstance(cls, type) and issubclass(cls, nn.Module)):

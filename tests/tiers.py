@@ -57,6 +57,7 @@ FILES: dict[str, frozenset[str]] = {
     "tests/unit/test_readme_walk.py": FAST,  # what a new user following README.md and its pages found
     "tests/unit/test_walk7.py": FAST,  # a seventh walk of README.md and docs/guide.md as a new user
     "tests/unit/test_runs8.py": FAST,  # resuming a finished run, eval and export of a run: round 8
+    "tests/unit/test_walk8.py": FAST,  # an eighth walk: the Python API and the model language, as a demanding user
     "tests/unit/test_precision_note.py": FAST,  # bf16 where the CPU has no bf16 kernels: warned, doctor says so
     "tests/unit/test_lowp.py": FAST,  # bf16 products as fp32 products of bf16 values where the CPU has no bf16 kernels
     "tests/unit/test_walk3_hostile.py": FAST,  # a third walk: sequence separators, Arrow at exit, the model language

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from flowrec.spec.errors import SpecIssue
+from flowrec.spec.schema_errors import did_you_mean
 
 CLASS_PATH = r"[^:]+:[A-Za-z_][A-Za-z0-9_]*"  # the schema's pattern of `class`
 RUN_SETTINGS_FILE = "run.json"  # a run's settings (flowrec.data.run_paths.RUN_FILE; the spec layer imports no runtime)
@@ -93,7 +94,7 @@ def _file_problem(file: Path, name: str) -> str | None:
     if name in bound or star or "__getattr__" in bound:  # a module __getattr__ may give any name
         return None
     shown = ", ".join(sorted(bound)[:8]) or "nothing"
-    return f"{file} defines no top-level {name!r} (it defines {shown})"
+    return f"{file} defines no top-level {name!r}{did_you_mean(name, bound)} (it defines {shown})"
 
 
 def _top_level_names(body: list[ast.stmt]) -> tuple[set[str], bool]:

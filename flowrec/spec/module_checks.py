@@ -44,9 +44,33 @@ def module_kinds(view: DocView) -> dict[str, str]:
     return {n: m.body["kind"] for n, m in view.by_name("modules").items() if isinstance(m.body.get("kind"), str)}
 
 
+def unknown_kind_modules(view: DocView) -> frozenset[str]:
+    """Names of the modules whose kind is misspelt or missing (`kind: pel`): the schema's issue
+    names the kind; which outputs such a module has cannot be told."""
+    known = get_args(ModuleKind)
+    return frozenset(n for n, m in view.by_name("modules").items() if m.body.get("kind") not in known)
+
+
+def split_input(token: str, kinds: dict[str, str], unknown: frozenset[str]) -> tuple[str, str | None] | None:
+    """`split_output`, where a module of an unknown kind (`unknown_kind_modules`) is still a module:
+    its name, or `<module>.<output>`, reads it, so the modules and heads reading it are not also
+    said to read an unknown name, nor it to feed no head.
+
+    >>> split_input("mix.like", {"mix": "pel"}, frozenset({"mix"})), split_input("mix.like", {"mix": "mlp"}, frozenset())
+    (('mix', 'like'), None)
+    """
+    split = split_output(token, kinds)
+    if split is not None or not unknown:
+        return split
+    if token in unknown:
+        return token, None
+    module, dot, output = token.rpartition(".")
+    return (module, output) if dot and module in unknown else None
+
+
 def output_ref(view: DocView, token: str) -> tuple[Item, str | None] | None:
-    """The module (and named output) `token` reads, if it reads a module (`split_output`)."""
-    split = split_output(token, module_kinds(view))
+    """The module (and named output) `token` reads, if it reads a module (`split_input`)."""
+    split = split_input(token, module_kinds(view), unknown_kind_modules(view))
     return None if split is None else (view.by_name("modules")[split[0]], split[1])
 
 
@@ -72,6 +96,8 @@ def output_problem(module: Item, output: str | None) -> str | None:
     if output is None:
         return None
     kind = module.body.get("kind")
+    if kind not in get_args(ModuleKind):
+        return None  # a misspelt or missing kind: its own issue says so, its outputs cannot be told
     names = module.body.get(NAMED_OUTPUT_KINDS.get(kind, "") if isinstance(kind, str) else "", ())
     names = names if isinstance(names, list | tuple) else ()
     if output in names:
@@ -194,6 +220,9 @@ def check_sequences(view: DocView) -> list[SpecIssue]:
         if kind not in get_args(ModuleKind):
             continue  # the schema names the kind it does not know: which inputs fit it cannot be told
         seq_index, seq_name = SEQUENCE_INPUT.get(kind, (None, ""))
+        if kind == TARGET_ATTENTION and (swapped := _swapped_attention_inputs(view, m)) is not None:
+            issues.append(swapped)
+            continue
         for ref in resolve(view, m):
             path = f"{m.path}.inputs[{ref.index}]"
             seqs = [f.name for f in ref.features if f.unpooled]
@@ -215,6 +244,20 @@ def check_sequences(view: DocView) -> list[SpecIssue]:
     return issues
 
 
+def _swapped_attention_inputs(view: DocView, module: Item) -> SpecIssue | None:
+    """`inputs: [click_sequence, adgroup_id]` of a target_attention, the order self_attention's
+    `output: target` takes: one line saying which order it reads, where three lines said that the
+    sequence, the query and the second input were each wrong."""
+    refs = resolve(view, module)
+    if len(refs) != 2 or len(module.inputs or ()) != 2:
+        return None
+    sequence, query = refs
+    if len(sequence.features) != 1 or not sequence.features[0].unpooled or _bad_query(query):
+        return None
+    return SpecIssue(f"{module.path}.inputs", f"target_attention reads [query, sequence], the sequence second: write "
+                                              f"inputs: [{query.token}, {sequence.token}]")
+
+
 def _bad_query(ref: Ref) -> bool:
     if ref.module is not None:
         return False
@@ -224,8 +267,8 @@ def _bad_query(ref: Ref) -> bool:
 def check_cycles(view: DocView) -> list[SpecIssue]:
     """Module inputs must form a DAG; each cycle is named once."""
     modules = view.by_name("modules")
-    kinds = module_kinds(view)
-    edges = {n: [s[0] for t in (m.inputs or ()) if (s := split_output(t, kinds)) is not None and s[0] != n]
+    kinds, unknown = module_kinds(view), unknown_kind_modules(view)
+    edges = {n: [s[0] for t in (m.inputs or ()) if (s := split_input(t, kinds, unknown)) is not None and s[0] != n]
              for n, m in modules.items()}
     state: dict[str, int] = {}  # 1: on the DFS stack, 2: done
     issues = []
@@ -354,8 +397,8 @@ def check_reach(view: DocView) -> list[SpecIssue]:
     mods, heads = view.by_name("modules"), view.items("heads")
     if "heads" in view.bad_sections or any(m.inputs is None for m in view.items("modules")):
         return []
-    kinds = module_kinds(view)
-    reads = [split_output(h.get("input", str) or "", kinds) for h in heads]
+    kinds, unknown = module_kinds(view), unknown_kind_modules(view)
+    reads = [split_input(h.get("input", str) or "", kinds, unknown) for h in heads]
     if any(r is None for r in reads):
         return []  # a head reading an unknown name is reported by check_heads
     todo = [r[0] for r in reads]
@@ -364,11 +407,45 @@ def check_reach(view: DocView) -> list[SpecIssue]:
         name = todo.pop()
         if name not in reached:
             reached.add(name)
-            todo.extend(s[0] for t in mods[name].inputs or () if (s := split_output(t, kinds)) is not None)
+            todo.extend(s[0] for t in mods[name].inputs or () if (s := split_input(t, kinds, unknown)) is not None)
     return [
         SpecIssue(m.path, f"module {name!r} does not feed any head (its output would be unused)")
         for name, m in mods.items() if name not in reached
     ]
+
+
+def check_outputs_read(view: DocView) -> list[SpecIssue]:
+    """Every named output of a moe / ple module is read by some module or head, unless the module
+    is read whole (`mix`: all its outputs): an output nobody reads (`heads: [like, love, hate]`
+    with no reader of `mix.hate`) trained its gate (and a ple's own experts of the last level)
+    for nothing, without a word. Skipped while some reader names nothing or an output the module
+    lacks, or a module or feature is named as an output: those are their own lines."""
+    mods, heads = view.items("modules"), view.items("heads")
+    if "heads" in view.bad_sections or "modules" in view.bad_sections or any(m.inputs is None for m in mods):
+        return []
+    if not all(_all_resolved(view, m) for m in mods) or not all(h.clean for h in heads):
+        return []
+    kinds, unknown = module_kinds(view), unknown_kind_modules(view)
+    reads = [split_input(h.body["input"], kinds, unknown) for h in heads]
+    if any(split is None for split in reads):
+        return []  # a head reading an unknown name: check_heads' line
+    reads += [(r.module.name, r.output) for m in mods for r in resolve(view, m) if r.module is not None]
+    modules = view.by_name("modules")
+    if any(output is not None and output_problem(modules[name], output) is not None for name, output in reads):
+        return []  # a misspelt output ('mix.lik') is check_inputs' line, not also 'like' read by nothing
+    names = set(modules) | set(view.by_name("features"))
+    issues = []
+    for m in mods:
+        key = NAMED_OUTPUT_KINDS.get(m.body.get("kind")) if m.clean else None
+        if key is None or (m.name, None) in reads:
+            continue
+        if any(f"{m.name}.{output}" in names for output in m.body[key]):
+            return []  # a module or feature named as an output: that ambiguity is its own line
+        issues += [SpecIssue(f"{m.path}.{key}[{j}]", f"output {output!r} of module {m.name!r} is read by no module "
+                                                      f"or head (its gate would train for nothing): read it as "
+                                                      f"{m.name}.{output}, or remove it")
+                   for j, output in enumerate(m.body[key]) if (m.name, output) not in reads]
+    return issues
 
 
 def _attention_inputs(module: Item) -> SpecIssue | None:
@@ -390,4 +467,4 @@ def check_attention_inputs(view: DocView) -> list[SpecIssue]:
 
 
 MODULE_CHECKS = (check_inputs, check_sequences, check_cycles, check_shapes, check_usage, check_reach,
-                 check_attention_inputs)
+                 check_outputs_read, check_attention_inputs)

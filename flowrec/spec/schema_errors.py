@@ -59,11 +59,46 @@ def did_you_mean(word: Any, candidates: Iterable[str]) -> str:
     meant = [n for n in names if n == SYNONYMS.get(word.lower())]  # a GPU is cuda, not the cpu it looks like
     if word.lower() in SYNONYMS and not same and not meant:
         return ""  # `--target gpu` (cpu, a100, h100): none means a GPU the way it reads, the cpu least
-    close = same or meant or difflib.get_close_matches(word, names, n=1, cutoff=0.6)
+    close = same or meant or _closest(word, names)
     if not close:  # batch_norm -> norm, dropout_rate -> dropout: a known name as one of its words
         words = set(re.split(r"[_\-\s]+", word.lower()))
         close = [n for n in names if n.lower() in words]
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _closest(word: str, names: list[str]) -> list[str]:
+    """difflib's closest name (ratio >= 0.6); of names it finds as close as each other, the one
+    fewest typing slips away (`slips`): `mpl` is `mlp` with two letters swapped, where difflib's
+    tie went to `ple`.
+
+    >>> _closest("mpl", ["mlp", "ple", "moe"]), _closest("corss", ["cross", "dot"]), _closest("xyz", ["mlp"])
+    (['mlp'], ['cross'], [])
+    """
+    matcher = difflib.SequenceMatcher(b=word)
+    scored = []
+    for name in difflib.get_close_matches(word, names, n=max(len(names), 1), cutoff=0.6):
+        matcher.set_seq1(name)
+        scored.append((matcher.ratio(), name))
+    best = [name for ratio, name in scored if ratio == scored[0][0]] if scored else []
+    return sorted(best, key=lambda name: slips(word, name))[:1]  # stable: difflib's order among equals
+
+
+def slips(a: str, b: str) -> int:
+    """Optimal string alignment distance: the fewest insertions, deletions, substitutions and swaps
+    of two neighbouring letters from `a` to `b`.
+
+    >>> slips("mpl", "mlp"), slips("mpl", "ple"), slips("adagard", "adagrad")
+    (1, 2, 1)
+    """
+    rows = [list(range(len(b) + 1))]
+    for i, ca in enumerate(a, 1):
+        row = [i] + [0] * len(b)
+        for j, cb in enumerate(b, 1):
+            row[j] = min(rows[-1][j] + 1, row[j - 1] + 1, rows[-1][j - 1] + (ca != cb))
+            if i > 1 and j > 1 and ca == b[j - 2] and a[i - 2] == cb:
+                row[j] = min(row[j], rows[-2][j - 2] + 1)
+        rows.append(row)
+    return rows[-1][-1]
 
 
 def show(value: Any) -> str:

@@ -289,7 +289,7 @@ def check_labels(view: DocView) -> list[SpecIssue]:
     """Heads of a multi-task model train on distinct labels; no feature is named as a label or
     sample-weight column."""
     heads = view.items("heads")
-    issues = _features_named_as_label_columns(view)
+    issues = _features_named_as_label_columns(view) + _weighted_by_own_label(view)
     if len(heads) < 2:
         return issues
     data = view.section("data") or {}
@@ -303,6 +303,23 @@ def check_labels(view: DocView) -> list[SpecIssue]:
             issues.append(SpecIssue(f"{h.path}.label", f"heads {owner[label]!r} and {h.name!r} both train on "
                                                        f"label {label!r}; give each head its own 'label'"))
         owner.setdefault(label, h.name or "")
+    return issues
+
+
+def _weighted_by_own_label(view: DocView) -> list[SpecIssue]:
+    """A binary or multiclass head whose sample weight is its own label column weighs every row of
+    label 0 (the negatives, class 0) at 0: it trained on the other rows alone and learned to score
+    every row as one of them, with exit 0."""
+    default = (view.section("data") or {}).get("label", DEFAULT_LABEL)
+    issues = []
+    for h in view.items("heads"):
+        task = TASKS.get(h.body.get("task", "binary")) if h.clean else None
+        label = h.get("label", str, default)
+        if task is not None and task.labels in ("binary", "class") and h.get("sample_weight", str) == label:
+            zero = "negative (label 0)" if task.labels == "binary" else "row of class 0"
+            issues.append(SpecIssue(f"{h.path}.sample_weight", f"sample_weight {label!r} is the head's own label: "
+                                                               f"every {zero} would weigh 0 and train nothing; weigh "
+                                                               "the rows by another column, or leave it out"))
     return issues
 
 

@@ -84,8 +84,8 @@ def test_a_model_package_or_dataset_given_for_a_run_is_named(tmp_path: Path, giv
         path = folder if given == "folder" else folder / "checkpoint.pt"
         with pytest.raises(CheckpointError, match=f"no checkpoint at .*: .*{says}"):
             load_checkpoint(path)
-    with pytest.raises(CheckpointError, match=r"^no checkpoint at \S+$"):  # a path that is nothing: as before
-        load_checkpoint(tmp_path / "nope")
+    with pytest.raises(CheckpointError, match=r"^no checkpoint at \S+: there is no such file or folder$"):
+        load_checkpoint(tmp_path / "nope")  # a path that is nothing, no run of a close name beside it
 
 
 def _package_spec(fmt: str):

@@ -144,7 +144,22 @@ def _not_a_run(given: Path) -> str:
     elif given.name == BEST_DIR and ((given.parent / RUN_FILE).is_file() or (given.parent / CHECKPOINT_NAME).is_file()):
         return (f": a run writes {BEST_DIR}/ only with training.early_stopping in its spec, at its best "
                 f"evaluation; {given.parent} holds the run's last checkpoint")
+    elif not given.exists() and not given.is_symlink():
+        return f": there is no such file or folder{_close_run(given)}"
     return ""
+
+
+def _close_run(given: Path) -> str:
+    """` (did you mean 'runs/ple'?)` for a run folder beside `given` of a really close name
+    (`runs/pel` for `runs/ple`), else ""."""
+    import difflib
+
+    try:
+        runs = sorted(p.name for p in given.parent.iterdir() if (p / CHECKPOINT_NAME).is_file())
+    except OSError:  # the parent is missing or unreadable too
+        return ""
+    close = difflib.get_close_matches(given.name, runs, n=1)
+    return f" (did you mean {str(given.parent / close[0])!r}?)" if close else ""
 
 
 def load_checkpoint(path: Path, map_location: str | torch.device = "cpu", mmap: bool = False,

@@ -21,6 +21,7 @@ from flowrec.runtime.modes import eval_mode
 from flowrec.runtime.retrieval import catalogue_vectors, item_labels
 from flowrec.runtime.evaluation.scores import head_columns, scores
 from flowrec.runtime.step import autocast_context
+from flowrec.spec.schema_errors import did_you_mean
 from flowrec.spec.tasks import TASKS
 from operators.custom import forget_outputs, non_finite_note, non_finite_rows
 
@@ -55,8 +56,8 @@ def group_slot(model: LoweredModel, feature: str) -> tuple[str, int, int, int, b
                                    f"sample; group by a one-id categorical feature")
             return (group.name, group.field_bags()[feature].start, group.bags_per_sample,
                     int(group.row_offsets[field.table]), managed is not None and field.table in managed.maps)
-    raise GroupByError(f"cannot group by {feature!r}: not a categorical feature of the model "
-                       f"(one-id categorical features: {', '.join(known) or 'none'})")
+    raise GroupByError(f"cannot group by {feature!r}: not a categorical feature of the model"
+                       f"{did_you_mean(feature, known)} (one-id categorical features: {', '.join(known) or 'none'})")
 
 
 def batch_groups(batch: Any, slot: tuple[str, int, int, int, bool]) -> np.ndarray:
