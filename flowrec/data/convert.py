@@ -672,14 +672,38 @@ def _check_columns(chunk: pa.Table, spec: ModelSpec, columns: dict[str, str], pa
         more = "..." if len(header) > 12 else ""
         hint = _separator_hint(chunk.column_names, needed)
         if hint == MAP_COLUMNS:  # nothing wrong with the header itself: a name the spec got wrong?
-            hint = _close_columns(header, missing, needed, columns) or hint
+            named = label_places(spec)
+            hint = _close_columns(header, missing, needed, columns, named) or hint
+            if hint == MAP_COLUMNS and all(c in named for c in missing):  # data.columns maps features only
+                hint = "; ".join(f"set {named[c]} to the input's {'weight' if 'weight' in named[c] else 'label'} "
+                                 f"column" for c in missing)
         raise DataError(f"{path}: columns {missing} required by spec {spec.name!r} not in the input "
                         f"(has {has}{more}); {hint}")
 
 
-def _close_columns(header: list[str], missing: list[str], needed: list[str], columns: dict[str, str]) -> str:
+def label_places(spec: ModelSpec) -> dict[str, str]:
+    """Each label and sample-weight column -> where the spec names it (`heads[1].label`, `data.label`,
+    or the default's `data.label (default 'label')`): data.columns maps features only, so a label
+    column is renamed there."""
+    places: dict[str, str] = {}
+    for i, head in enumerate(spec.heads):
+        if head.label:
+            places.setdefault(head.label, f"heads[{i}].label")
+        elif spec.data is not None and spec.data.label != "label":
+            places.setdefault(spec.data.label, "data.label")
+        else:
+            places.setdefault("label", "data.label (default 'label') or the heads' label")
+        if head.sample_weight is not None:
+            places.setdefault(head.sample_weight, f"heads[{i}].sample_weight")
+    return places
+
+
+def _close_columns(header: list[str], missing: list[str], needed: list[str], columns: dict[str, str],
+                   named: dict[str, str] | None = None) -> str:
     """For each missing column, the input's column of a really close name (`close_name`) that the
     spec does not read, as a typo in the spec's name or in its data.columns mapping; "" for none.
+    `named`: label and sample-weight columns -> where the spec names them (`label_places`), which
+    data.columns cannot map.
 
     >>> _close_columns(["clk", "userid", "click_sequence"], ["click_sequense"], ["clk", "click_sequense"], {})
     "is 'click_sequense' the input's 'click_sequence' (read by no feature or label)? correct the spec's name, or map it with data.columns: {click_sequense: click_sequence}"
@@ -687,6 +711,8 @@ def _close_columns(header: list[str], missing: list[str], needed: list[str], col
     "data.columns maps 'user' to 'user_id': is it the input's 'userid' (read by no feature or label)?"
     >>> _close_columns(["id", "clk"], ["user"], ["clk", "user"], {}), _close_columns(["item_id"], ["cate_id"], ["cate_id"], {})
     ('', '')
+    >>> _close_columns(["user", "rating_5"], ["rating5"], ["user", "rating5"], {}, {"rating5": "heads[1].label"})
+    "is 'rating5' the input's 'rating_5' (read by no feature or label)? correct heads[1].label: rating_5"
     """
     unread = [name for name in header if name not in needed]
     notes = []
@@ -696,7 +722,10 @@ def _close_columns(header: list[str], missing: list[str], needed: list[str], col
             continue
         unread.remove(found)
         mapped = [name for name, target in columns.items() if target == column and name != column]
-        if mapped:
+        if named and column in named:
+            notes.append(f"is {column!r} the input's {found!r} (read by no feature or label)? correct {named[column]}: "
+                         f"{found}")
+        elif mapped:
             notes.append(f"data.columns maps {mapped[0]!r} to {column!r}: is it the input's {found!r} (read by no "
                          f"feature or label)?")
         else:

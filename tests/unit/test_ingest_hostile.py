@@ -514,6 +514,39 @@ def test_an_svmlight_query_id_is_no_feature(tmp_path: Path, options: dict) -> No
     assert sum(t.num_rows for t in a) == 20 and a[0].equals(b[0])
 
 
+def test_a_label_or_weight_column_the_input_lacks_is_named_where_the_spec_names_it(tmp_path: Path) -> None:
+    """A head's misspelt label (`label: clicke` of a file's `clicked`) was told 'map it with
+    data.columns: {clicke: clicked}', which validation refuses (data.columns maps features only);
+    a label or sample-weight column the input lacks now names the spec's place to correct, and
+    doing so converts."""
+    from flowrec.spec import spec_from_dict
+    from flowrec.spec.load import to_dict
+
+    rng = np.random.default_rng()
+    n = int(rng.integers(20, 60))
+    path = tmp_path / "rows.csv"
+    path.write_text("price,user,clicked\n" + "".join(
+        f"{rng.lognormal():.3f},u{rng.zipf(1.4)},{int(i % 4 == 0)}\n" for i in range(n)))
+
+    def spec(head: dict, label: str | None) -> object:
+        doc = to_dict(_spec(**({"label": label} if label else {})))
+        if label is None:
+            doc["data"].pop("label")
+        doc["heads"][0].update(head)
+        return spec_from_dict(doc)
+
+    cases = [({"label": "clicke"}, "clicked", r"is 'clicke' the input's 'clicked' \(read by no feature or label\)\? "
+                                              r"correct heads\[0\]\.label: clicked$"),
+             ({}, "clicke", r"correct data\.label: clicked$"),
+             ({}, None, r"set data\.label \(default 'label'\) or the heads' label to the input's label column$"),
+             ({"sample_weight": "weight"}, "clicked", r"set heads\[0\]\.sample_weight to the input's weight column$")]
+    for i, (head, label, said) in enumerate(cases):
+        with pytest.raises(DataError, match=said):
+            convert(spec(head, label), "csv", [path], tmp_path / f"out{i}")
+        assert not (tmp_path / f"out{i}").exists()
+    assert convert(spec({"label": "clicked"}, "clicke"), "csv", [path], tmp_path / "fixed").rows == n
+
+
 def test_a_header_with_spaces_after_its_commas_says_so(tmp_path: Path) -> None:
     """`price, user, clicked` (a space after each comma, as people type it) named columns ' user'
     and ' clicked', and the line said only 'map them with data.columns'; now it says the names hold
