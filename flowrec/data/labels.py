@@ -141,6 +141,19 @@ def one_based(classes: int, column: str = "label") -> str:
             "these rows would drop the class)")
 
 
+def not_binary(column: str) -> str:
+    """What a binary label of a whole number past 1 (a rating, a count) most likely means: a column
+    that is not 0/1 at all, whose rows `--on-error skip` would drop, most of them.
+
+    >>> not_binary("rating")
+    "; ratings or counts? a binary head reads 0 or 1 only: make a 0/1 column of them (e.g. in pandas: df['liked'] = (df['rating'] >= 4).astype(int)) and name it as the head's label, or give the head task: regression (or task: multiclass) to predict the values themselves (skipping these rows would drop most of them)"
+    """
+    return (f"; ratings or counts? a binary head reads 0 or 1 only: make a 0/1 column of them (e.g. in pandas: "
+            f"df['liked'] = (df[{column!r}] >= 4).astype(int)) and name it as the head's label, or give the head "
+            "task: regression (or task: multiclass) to predict the values themselves (skipping these rows would "
+            "drop most of them)")
+
+
 def check_labels(table: pa.Table, tasks: dict[str, str], log: ErrorLog,
                  plus_minus: bool, spaces: dict[str, tuple[tuple[str, float], ...]] | None = None
                  ) -> tuple[pa.Table, int]:
@@ -185,7 +198,9 @@ def check_labels(table: pa.Table, tasks: dict[str, str], log: ErrorLog,
             what = "sample weight" if task == "weight" else "label"
             minus_one = task == "binary" and y[i] == -1  # not plus_minus: a -1/+1 file, whose -1 rows skip would drop
             past_last = task.startswith("multiclass:") and y[i] == int(task.split(":")[1])  # 1-based classes
-            hint = MINUS_ONE if minus_one else one_based(int(task.split(":")[1]), name) if past_last else ""
+            counted = task == "binary" and y[i] >= 2 and y[i] == np.floor(y[i]) and np.isfinite(y[i])  # a rating 1-5
+            hint = MINUS_ONE if minus_one else one_based(int(task.split(":")[1]), name) if past_last else \
+                not_binary(name) if counted else ""
             log.add(int(lines[i]), f"missing {what} in column {name}" if missing else
                     f"{what} {float(y[i])!r} in column {name}: {reason}{hint}", skippable=not hint)
     mapped = sum(int(np.count_nonzero(is_minus & ~bad)) for is_minus in minus.values())

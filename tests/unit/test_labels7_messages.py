@@ -59,6 +59,29 @@ def test_one_text_label_among_numbers_is_still_a_malformed_row_to_skip(tmp_path)
     assert "--on-error skip" in result.output
 
 
+def test_ratings_under_a_binary_head_say_to_make_a_0_1_column_not_to_skip_rows(tmp_path):
+    """A binary head over a 1-5 rating column said 'use --on-error skip to skip such rows', which
+    drops every rating but the 1s; it now asks whether they are ratings or counts and says how to
+    make a 0/1 column or which task reads the values. A skip still skips as asked."""
+    rng = np.random.default_rng()
+    n = int(rng.integers(50, 400))
+    ratings = np.minimum(rng.zipf(1.6, n), 5)
+    ratings[rng.choice(n, 2, replace=False)] = [1, 4]
+    _clicks(rng, n, ratings).to_csv(tmp_path / "train.csv", index=False)
+    (tmp_path / "spec.yaml").write_text(CTR)
+    result = invoke(["data", "convert", "csv", tmp_path / "train.csv", tmp_path / "data", "--spec",
+                     tmp_path / "spec.yaml"])
+    assert result.exit_code == 2 and "ratings or counts?" in result.output, result.output
+    assert "df['clk'] >= 4" in result.output and "task: regression" in result.output
+    assert "--on-error skip" not in result.output
+    skipped = invoke(["data", "convert", "csv", tmp_path / "train.csv", tmp_path / "skipped", "--spec",
+                      tmp_path / "spec.yaml", "--on-error", "skip"])
+    assert skipped.exit_code == 0, skipped.output
+    import pyarrow.parquet as pq
+
+    assert pq.read_table(tmp_path / "skipped").num_rows == int((ratings == 1).sum())
+
+
 SEQ = """
 name: close_walk
 features:
