@@ -141,6 +141,10 @@ def one_based(classes: int, column: str = "label") -> str:
             "these rows would drop the class)")
 
 
+COUNTED_SHARE = 0.1  # whole numbers past 1 in this share of a chunk's binary labels or more: ratings or counts,
+# not a stray value (which `--on-error skip` may well skip)
+
+
 def not_binary(column: str) -> str:
     """What a binary label of a whole number past 1 (a rating, a count) most likely means: a column
     that is not 0/1 at all, whose rows `--on-error skip` would drop, most of them.
@@ -178,6 +182,9 @@ def check_labels(table: pa.Table, tasks: dict[str, str], log: ErrorLog,
             ok = (y == 0) | (y == 1) | minus[name]
             allowed = "0 or 1 (or -1/+1)" if plus_minus else "0 or 1"
             reason = f"not {allowed} for a binary head"
+            with np.errstate(invalid="ignore"):
+                whole_past_one = np.isfinite(y) & (y >= 2) & (y == np.floor(y))
+            many_past_one = whole_past_one.sum() >= COUNTED_SHARE * max(1, np.isfinite(y).sum())
         elif task.startswith("multiclass:"):
             classes = int(task.split(":")[1])
             ok = (y >= 0) & (y < classes) & (y == np.floor(y))
@@ -198,7 +205,7 @@ def check_labels(table: pa.Table, tasks: dict[str, str], log: ErrorLog,
             what = "sample weight" if task == "weight" else "label"
             minus_one = task == "binary" and y[i] == -1  # not plus_minus: a -1/+1 file, whose -1 rows skip would drop
             past_last = task.startswith("multiclass:") and y[i] == int(task.split(":")[1])  # 1-based classes
-            counted = task == "binary" and y[i] >= 2 and y[i] == np.floor(y[i]) and np.isfinite(y[i])  # a rating 1-5
+            counted = task == "binary" and whole_past_one[i] and many_past_one  # ratings 1-5, not a stray 2
             hint = MINUS_ONE if minus_one else one_based(int(task.split(":")[1]), name) if past_last else \
                 not_binary(name) if counted else ""
             log.add(int(lines[i]), f"missing {what} in column {name}" if missing else

@@ -181,17 +181,17 @@ def test_raw_input_case(case: RawCase, tmp_path: Path):
 def test_a_csv_label_minus_1_says_how_to_write_it_not_to_skip_the_row(tmp_path: Path):
     """A CSV of -1/+1 labels was refused with 'use --on-error skip to skip such rows': following it
     dropped every negative row, a dataset of positives only. The -1 row now says that only libsvm
-    reads -1 as 0, without the hint; another label (2) keeps it."""
+    reads -1 as 0, without the hint; another label (a stray 2 among 0/1 labels) keeps it."""
     spec = write_spec(tmp_path, SPEC)
     (tmp_path / "pm.csv").write_bytes(csv("1,0.5,a,b,", "-1,1.5,c,d,"))
     res = runner.invoke(app, ["data", "convert", "csv", str(tmp_path / "pm.csv"), str(tmp_path / "out"), "--spec",
                               str(spec), "-q"])
     line = expect_one_error(res, "pm.csv:3:", "label -1.0", "only libsvm and libfm read -1 as 0")
     assert "--on-error skip" not in line
-    (tmp_path / "two.csv").write_bytes(csv("1,0.5,a,b,", "2,1.5,c,d,"))
+    (tmp_path / "two.csv").write_bytes(csv(*["1,0.5,a,b,", "0,1.5,c,d,"] * 10, "2,1.5,c,d,"))
     res = runner.invoke(app, ["data", "convert", "csv", str(tmp_path / "two.csv"), str(tmp_path / "out"), "--spec",
                               str(spec), "-q"])
-    line = expect_one_error(res, "two.csv:3:", "label 2.0", "use --on-error skip")
+    line = expect_one_error(res, "two.csv:22:", "label 2.0", "use --on-error skip")
     assert "libsvm" not in line
 
 
