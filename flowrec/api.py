@@ -277,7 +277,7 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
         warnings.warn(f"rows={rows} is ignored: it sets the rows of synthetic data, and this run trains on every "
                       f"row of {'data=' + str(settings['data']) if settings['data'] else 'the data the spec binds'} "
                       "(max_steps=N stops it sooner)", UserWarning, stacklevel=2)
-    found, refused = folder_state(folder), False
+    found, refused, trainer = folder_state(folder), False, None
     lock = claim_run_folder(folder, None, overwrite, model_spec.name, "overwrite=True",
                             _resume_command(spec, folder))[1] if folder else None
     try:
@@ -303,6 +303,11 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
     except (DataError, RunFolderError, CheckpointError, MetricsError, TrainingStopped):  # `flowrec train`'s exit 2
         refused = True
         raise
+    except Exception as exc:  # a custom module's own error reaches the caller as its own type (a caller may
+        # catch it), with `flowrec train`'s line as a note: where it stopped, whose code, what was kept
+        if trainer is not None:
+            _note_custom(exc, trainer)
+        raise
     finally:
         forget_kept_sample()  # a run that stopped before its hot set was chosen holds no sample
         if lock is not None:  # a refused run leaves no folder it made, an empty one empty (as `flowrec train`)
@@ -313,6 +318,17 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
     _warn_small_catalogue(session.model)
     _warn_covered_classes(result.eval)
     return Run(session.spec, folder, result, Trained(session.spec, session.model, session.plan, encoder, result.steps))
+
+
+def _note_custom(exc: BaseException, trainer: Any) -> None:
+    """Add to `exc` the line `flowrec train` says where a custom module's code raised it in training
+    or evaluation (its forward, the model's backward, its state code): the step, the module and its
+    class, what the run kept. Python 3.11+ shows notes under the traceback; 3.10 has none."""
+    from operators.custom import backward_failure, custom_failure, state_failure
+
+    named = custom_failure(exc) or backward_failure(exc, trainer.model) or state_failure(exc, trainer.model)
+    if named is not None and hasattr(exc, "add_note"):
+        exc.add_note(f"flowrec: at step {trainer.position.step + 1}: {named}; {trainer.checkpoint_note()}")
 
 
 def _warn_small_catalogue(model: Any) -> None:

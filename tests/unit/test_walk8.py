@@ -237,3 +237,43 @@ def test_target_attention_inputs_in_self_attentions_order_are_one_line(query: st
         f"[{query}, click_sequence]"]
     spec["modules"][1]["inputs"].reverse()
     assert validate_document(spec) == []
+
+
+def test_a_custom_forward_that_raises_in_training_keeps_its_type_with_flowrec_trains_line(tmp_path,
+                                                                                           monkeypatch) -> None:
+    """`flowrec.train` of a custom module whose forward raised at its Nth training call gave the
+    caller the bare user error, where `flowrec train` says 'at step N: custom module 'late'
+    (late.py:Late) raised ...; ...': the error keeps its type (a caller may catch it) and carries
+    that line as a note."""
+    import sys
+
+    import flowrec
+
+    if sys.version_info < (3, 11):
+        pytest.skip("exception notes are Python 3.11's")
+    monkeypatch.chdir(tmp_path)
+    width, late = random.randint(3, 20), random.randint(3, 6)
+    (tmp_path / "late.py").write_text(
+        "from torch import nn\n\n\nclass Late(nn.Module):\n"
+        "    def __init__(self, n):\n        super().__init__()\n        self.lin = nn.Linear(n, n)\n"
+        "        self.calls = 0\n\n"
+        "    def forward(self, x):\n        if self.training:\n            self.calls += 1\n"
+        f"            if self.calls == {late}:\n                raise ValueError('went bad')\n"
+        "        return self.lin(x)\n")
+    (tmp_path / "my.yaml").write_text(f"""
+name: walk8_late
+features:
+  - {{name: user_id, type: categorical, hash_buckets: {random.randint(10, 900)}, dim: 4}}
+  - {{name: price, type: dense, transform: log1p}}
+modules:
+  - {{name: bottom, kind: mlp, inputs: ["@dense", user_id], layers: [{width}]}}
+  - {{name: late, kind: custom, class: "late.py:Late", inputs: [bottom], params: {{n: {width}}}}}
+heads:
+  - {{name: click, input: late}}
+training: {{batch_size: 32}}
+""")
+    with pytest.raises(ValueError, match="went bad") as err:
+        flowrec.train("my.yaml", out=None, rows=2_000, max_steps=20, progress=False)
+    notes = getattr(err.value, "__notes__", [])
+    assert len(notes) == 1 and notes[0].startswith("flowrec: at step "), notes
+    assert f"custom module 'late' ({tmp_path / 'late.py'}:Late) raised ValueError: went bad; " in notes[0], notes
