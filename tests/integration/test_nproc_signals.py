@@ -173,6 +173,32 @@ def test_a_rank_gets_sigterm_when_its_launcher_is_killed(tmp_path: Path):
         parent.wait(timeout=30)
 
 
+def _signal_when_held(args: list[str], work: Path, env: dict, tmp_path: Path, held, sig: int,
+                      settle_s: float | None) -> tuple[subprocess.Popen, list[int], str]:
+    """Start `flowrec *args` in `work`, wait until `held()` (a hook of tests/faults holds a process
+    of it), send `sig` to the launch, release the hold `settle_s` seconds later (None: once it
+    exited) and return the job, the launch's processes and its stderr; the job is killed on failure."""
+    job = subprocess.Popen([sys.executable, "-m", "flowrec", *args], cwd=work, env=env, stderr=subprocess.PIPE,
+                           text=True)
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        while not held() and time.monotonic() < deadline:
+            assert job.poll() is None, "the run ended before it was held"
+            time.sleep(0.1)
+        launch = _descendants(job.pid)
+        job.send_signal(sig)
+        if settle_s is not None:
+            time.sleep(settle_s)  # the signal reaches the held processes
+            (tmp_path / "release").write_text("")
+        err = job.communicate(timeout=EXIT_S)[1]
+    finally:
+        (tmp_path / "release").write_text("")
+        if job.poll() is None:
+            job.kill()
+            job.wait(timeout=30)
+    return job, launch, err
+
+
 @pytest.mark.parametrize("phase", ["final_checkpoint", "closing_lines"])
 def test_a_signal_as_the_run_finishes_is_one_line_of_what_was_kept(work: Path, tmp_path: Path, phase: str):
     # Ctrl-C after the last step of `flowrec train --nproc 2`: during the final checkpoint each rank said
@@ -187,23 +213,8 @@ def test_a_signal_as_the_run_finishes_is_one_line_of_what_was_kept(work: Path, t
     else:  # rank 0 held after the run, before its closing lines
         env["FLOWREC_TEST_HOLD_END"] = str(tmp_path)
         held = tmp_path / "held-end"
-    job = subprocess.Popen([sys.executable, "-m", "flowrec", *_args(out), "--max-steps", str(steps)], cwd=work,
-                           env=env, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + TIMEOUT_S
-        while not held.is_file() and time.monotonic() < deadline:
-            assert job.poll() is None, "the run ended before it was held"
-            time.sleep(0.1)
-        launch = _descendants(job.pid)
-        job.send_signal(signal.SIGINT)
-        time.sleep(3)  # the signal reaches the ranks while they are held
-        (tmp_path / "release").write_text("")
-        err = job.communicate(timeout=EXIT_S)[1]
-    finally:
-        (tmp_path / "release").write_text("")
-        if job.poll() is None:
-            job.kill()
-            job.wait(timeout=30)
+    job, launch, err = _signal_when_held([*_args(out), "--max-steps", str(steps)], work, env, tmp_path, held.is_file,
+                                         signal.SIGINT, 3)  # the ranks are held as the signal comes
     _assert_gone(launch, err)
     assert job.returncode == 130, err[-3000:]
     assert "Traceback" not in err and not [line for line in err.splitlines() if line.startswith("error:")], err[-3000:]
@@ -240,21 +251,8 @@ def test_a_signal_to_the_launch_before_training_is_the_launchers_one_line(work: 
     env = {**subprocess_env(ROOT), "PYTHONPATH": f"{FAULTS}{os.pathsep}{ROOT}", "FLOWREC_TEST_HOLD_START": str(tmp_path)}
     args = _args(out) if not resumed else ["train", "spec.yaml", "--resume", out, "-q", "--nproc", "2"]
     sig = random.choice([signal.SIGTERM, signal.SIGHUP])
-    job = subprocess.Popen([sys.executable, "-m", "flowrec", *args], cwd=work, env=env, stderr=subprocess.PIPE,
-                           text=True)
-    try:
-        deadline = time.monotonic() + TIMEOUT_S
-        while not list(tmp_path.glob("held-start-rank*")) and time.monotonic() < deadline:
-            assert job.poll() is None, "the run ended before it was held"
-            time.sleep(0.1)
-        launch = _descendants(job.pid)
-        job.send_signal(sig)
-        err = job.communicate(timeout=EXIT_S)[1]
-    finally:
-        (tmp_path / "release").write_text("")
-        if job.poll() is None:
-            job.kill()
-            job.wait(timeout=30)
+    job, launch, err = _signal_when_held(args, work, env, tmp_path, lambda: any(tmp_path.glob("held-start-rank*")),
+                                         sig, None)
     _assert_gone(launch, err)
     assert job.returncode == 128 + sig, err[-3000:]
     said = [line for line in err.splitlines() if "interrupted" in line or line.startswith("error")]
@@ -275,23 +273,8 @@ def test_a_signal_to_the_launcher_after_the_ranks_finished_says_the_run_is_whole
     out = f"wound_{sig.name}"
     env = {**subprocess_env(ROOT), "PYTHONPATH": f"{FAULTS}{os.pathsep}{ROOT}",
            "FLOWREC_TEST_HOLD_LAUNCHER": str(tmp_path)}
-    job = subprocess.Popen([sys.executable, "-m", "flowrec", *_args(out), "--max-steps", str(steps)], cwd=work,
-                           env=env, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + TIMEOUT_S
-        while not (tmp_path / "held-launcher").is_file() and time.monotonic() < deadline:
-            assert job.poll() is None, "the run ended before it was held"
-            time.sleep(0.1)
-        launch = _descendants(job.pid)
-        job.send_signal(sig)
-        time.sleep(2)  # the signal reaches torch's launcher while it is held
-        (tmp_path / "release").write_text("")
-        err = job.communicate(timeout=EXIT_S)[1]
-    finally:
-        (tmp_path / "release").write_text("")
-        if job.poll() is None:
-            job.kill()
-            job.wait(timeout=30)
+    job, launch, err = _signal_when_held([*_args(out), "--max-steps", str(steps)], work, env, tmp_path,
+                                         (tmp_path / "held-launcher").is_file, sig, 2)  # torch's launcher held
     _assert_gone(launch, err)
     assert job.returncode == 128 + sig, err[-3000:]  # the signal's status, as one process's (docs/distributed.md)
     said = [line for line in err.splitlines() if "interrupted" in line or line.startswith("error")]
