@@ -210,6 +210,7 @@ def _launch(request: RunRequest, nproc: int, max_restarts: int) -> int:
     _check_ranks_have_gpus(spec, request, nproc)
     _check_ranks_fit(nproc)
     _check_ranks_cache(spec, request, nproc)
+    _check_ranks_data(spec, request)
     folder = None
     if request.out is None and request.resume is None:
         try:
@@ -221,6 +222,24 @@ def _launch(request: RunRequest, nproc: int, max_restarts: int) -> int:
     resumed = (f"flowrec train {shell_word(str(request.spec_path))} --resume {shell_word(str(request.resume))} "
                f"--nproc {nproc}") if request.resume is not None else None
     return launch_ranks(nproc, max_restarts, folder, resumed)
+
+
+def _check_ranks_data(spec, request: RunRequest) -> None:
+    """Exit 2 when a given --data or --eval-data is no dataset, or one encoded for another spec,
+    before the launch: each rank found it after starting (16-37 s) and said the same line, then the
+    launcher a third time. (Only the folder's record is read here; the ranks open the data.)"""
+    from flowrec.data.layout import META_FILE, DataError, check_spec, read_meta
+
+    for key in ("data", "eval_data"):
+        given = request.given.get(key)
+        if given is None:
+            continue
+        path = Path(given)
+        part = path / "train" if key == "data" and (path / "train" / META_FILE).is_file() else path
+        try:
+            check_spec(read_meta(part), spec, part)
+        except DataError as exc:
+            fail(str(exc))
 
 
 def _check_ranks_have_gpus(spec, request: RunRequest, nproc: int) -> None:

@@ -1874,6 +1874,36 @@ def test_more_ranks_than_the_memory_holds_are_refused_before_the_launch(spec: Pa
     assert fits.exit_code == 0 and launched == [2], fits.output
 
 
+def test_data_the_ranks_cannot_read_is_refused_before_the_launch(spec: Path, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """`train --nproc 2 --data nope` (or a dataset of another spec, or --eval-data missing) started
+    both ranks, and each said 'dataset directory not found: nope' 16-37 s later, then the launcher a
+    third time; now one line, the one a process says, before any rank starts."""
+    from flowrec.cli import ranks
+
+    launched = []
+    monkeypatch.setattr(ranks, "launch_ranks", lambda nproc, *args: launched.append(nproc) or 0)
+    data = _synth(spec, tmp_path / "d")
+    other = tmp_path / "o.yaml"
+    other.write_text(spec.read_text().replace("name: hostile", "name: other", 1).replace("hash_buckets: 50,", "hash_buckets: 51,", 1))
+    (tmp_path / "empty").mkdir()
+    cases = [(["--data", str(tmp_path / "nope")], f"error: dataset directory not found: {tmp_path / 'nope'}"),
+             (["--data", str(data), "--eval-data", str(tmp_path / "gone")],
+              f"error: dataset directory not found: {tmp_path / 'gone'}"),
+             (["--data", str(tmp_path / "empty")], f"error: {tmp_path / 'empty'} is not a flowrec dataset")]
+    for args, said in cases:
+        shown = runner.invoke(app, ["train", str(spec), "--nproc", "2", *args, "--out", str(tmp_path / "run"), "-q"])
+        lines = shown.output.strip().splitlines()
+        assert shown.exit_code == 2 and len(lines) == 1 and lines[0].startswith(said), shown.output
+    shown = runner.invoke(app, ["train", str(other), "--nproc", "2", "--data", str(data), "--out", str(tmp_path / "run"),
+                                "-q"])
+    assert shown.exit_code == 2 and f"dataset {data} was encoded for spec 'hostile'" in shown.output, shown.output
+    assert launched == [] and not (tmp_path / "run").exists()
+    fits = runner.invoke(app, ["train", str(spec), "--nproc", "2", "--data", str(data), "--out", str(tmp_path / "run"),
+                               "-q"])
+    assert fits.exit_code == 0 and launched == [2], fits.output
+
+
 @pytest.mark.parametrize("policy", ["static_hot", "lookahead"])
 def test_a_cache_policy_ranks_cannot_plan_is_refused_before_the_launch(spec: Path, tmp_path: Path, policy: str,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
