@@ -345,7 +345,7 @@ def _convert_into(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_e
             log = ErrorLog(log_policy, str(path))
             logs.append(log)
             labelled = EmptyLabels(spec, columns, tasks, spaces, str(path))  # a label column empty in every row
-            for chunk in _label_text_said(read(path, opts, log, numeric), tasks):
+            for chunk in _label_text_said(read(path, opts, log, numeric), tasks, path):
                 _check_columns(chunk, spec, columns, path)
                 _check_id_columns(chunk, spec, columns, path, FORMAT_ALIASES.get(fmt, fmt) != "parquet")
                 if FORMAT_ALIASES.get(fmt, fmt) == "libsvm":
@@ -533,15 +533,15 @@ def _copies_of(kept: KeptHashes) -> Duplicates:
     return copies
 
 
-def _label_text_said(chunks: Iterator[pa.Table], tasks: dict[str, str]) -> Iterator[pa.Table]:
-    """The chunks of a reader; a label column of mostly text (`TextColumn`) said in the label's
-    terms (`text_label_line`), not as a numeric column's."""
+def _label_text_said(chunks: Iterator[pa.Table], tasks: dict[str, str], path: Path) -> Iterator[pa.Table]:
+    """The chunks of a reader of `path`; a label column of mostly text (`TextColumn`) said in the
+    label's terms (`text_label_line`), not as a numeric column's; either line names the file (of
+    many inputs, which one held the text)."""
     try:
         yield from chunks
     except TextColumn as exc:
-        if exc.column not in tasks:
-            raise
-        raise DataError(text_label_line(exc.column, exc.values, tasks[exc.column])) from None
+        line = text_label_line(exc.column, exc.values, tasks[exc.column]) if exc.column in tasks else str(exc)
+        raise DataError(f"{path}: {line}") from None
     finally:
         close = getattr(chunks, "close", None)
         if close is not None:

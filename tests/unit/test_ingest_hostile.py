@@ -547,6 +547,20 @@ def test_a_label_or_weight_column_the_input_lacks_is_named_where_the_spec_names_
     assert convert(spec({"label": "clicked"}, "clicke"), "csv", [path], tmp_path / "fixed").rows == n
 
 
+def test_a_dense_column_of_text_names_the_file_that_holds_it(tmp_path: Path) -> None:
+    """A dense column mostly text in one of several inputs said 'column price holds text, not
+    numbers (...)' naming no file (the data fuzz test found its label twin); the line names it."""
+    rng = np.random.default_rng()
+    good, bad = tmp_path / "a.csv", tmp_path / "b.csv"
+    good.write_text("price,user,clicked\n" + "".join(f"{rng.lognormal():.3f},u{rng.zipf(1.4)},{i % 2}\n"
+                                                     for i in range(int(rng.integers(5, 30)))))
+    bad.write_text("price,user,clicked\n" + "".join(f"p{rng.zipf(1.4)},u{rng.zipf(1.4)},{i % 2}\n"
+                                                    for i in range(int(rng.integers(5, 30)))))
+    with pytest.raises(DataError, match=f"^{re.escape(str(bad))}: column price holds text, not numbers"):
+        convert(_spec(), "csv", [good, bad], tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_header_with_spaces_after_its_commas_says_so(tmp_path: Path) -> None:
     """`price, user, clicked` (a space after each comma, as people type it) named columns ' user'
     and ' clicked', and the line said only 'map them with data.columns'; now it says the names hold
@@ -573,7 +587,7 @@ def test_a_spec_name_close_to_a_column_the_input_has_names_that_column(tmp_path:
     path.write_text(",".join(header) + "\n" + rows)
     typo = csv_spec("ingest", label="clicks")
     with pytest.raises(DataError, match=r"is 'clicks' the input's 'clicked' \(read by no feature or label\)\? correct "
-                                        r"the spec's name, or map it with data.columns: \{clicks: clicked\}") as caught:
+                                        r"data.label: clicked$") as caught:  # (data.columns maps features only)
         convert(typo, "csv", [path], tmp_path / "a")
     assert "x11']...)" in str(caught.value)  # the columns shown, more of them left out
     mapped = csv_spec("ingest", columns={"user": "user_id"})

@@ -40,8 +40,8 @@ def test_a_text_label_column_says_to_map_it_to_numbers_not_to_skip_rows(tmp_path
     assert result.exit_code == 2, result.output
     lines = result.output.strip().splitlines()
     assert len(lines) == 1, result.output
-    assert "label column clk holds text" in lines[0] and "0 or 1" in lines[0], lines[0]
-    assert "map({'no': 0, 'yes': 1})" in lines[0], lines[0]
+    assert lines[0].startswith(f"error: {tmp_path / 'train.csv'}: label column clk holds text"), lines[0]  # which file
+    assert "0 or 1" in lines[0] and "map({'no': 0, 'yes': 1})" in lines[0], lines[0]
     assert "--on-error" not in lines[0] and "malformed" not in lines[0], lines[0]
     assert not (tmp_path / "data").exists()
 
