@@ -100,9 +100,16 @@ def content_digest(value: Any, tensor_bytes: Callable[[torch.Tensor], Iterable[A
     return h.hexdigest()
 
 
+DIGEST_CHUNK_BYTES = 64 << 20  # bytes of a tensor hashed in one call: a signal's handler runs between calls
+# (one call over a 2 GB table held off a SIGTERM for seconds); the digest is the same whatever the chunks
+
+
 def _own_bytes(t: torch.Tensor) -> Iterable[Any]:
     t = t.detach().cpu().contiguous()
-    return (t.reshape(-1).view(torch.uint8).numpy(),) if t.numel() else ()
+    if not t.numel():
+        return ()
+    data = t.reshape(-1).view(torch.uint8).numpy()
+    return (data[start:start + DIGEST_CHUNK_BYTES] for start in range(0, len(data), DIGEST_CHUNK_BYTES))
 
 
 def _feed(h: Any, value: Any, tensor_bytes: Callable[[torch.Tensor], Iterable[Any]]) -> None:
