@@ -221,7 +221,26 @@ def _launch(request: RunRequest, nproc: int, max_restarts: int) -> int:
     _say(f"launching {nproc} ranks (torch.distributed.run, gloo on CPU / nccl on CUDA)")
     resumed = (f"flowrec train {shell_word(str(request.spec_path))} --resume {shell_word(str(request.resume))} "
                f"--nproc {nproc}") if request.resume is not None else None
-    return launch_ranks(nproc, max_restarts, folder, resumed)
+    try:
+        return launch_ranks(nproc, max_restarts, folder, resumed)
+    finally:
+        if folder is not None:
+            _drop_unused_folder(folder)
+
+
+def _drop_unused_folder(folder: Path) -> None:
+    """Remove the run folder this launch named for its ranks (no --out) when no rank wrote in it:
+    a launch stopped before rank 0 claimed it left `runs/NAME` holding its lock alone, and the next
+    run took `runs/NAME-2`. A folder a rank still holds, or one with anything in it, stays."""
+    from flowrec.runtime.rundir import RunFolderError, RunLock
+
+    if not folder.is_dir():
+        return
+    try:
+        lock = RunLock.acquire(folder)
+    except RunFolderError:
+        return
+    lock.release_and_remove_if_unused()
 
 
 def _check_ranks_data(spec, request: RunRequest) -> None:

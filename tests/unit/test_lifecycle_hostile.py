@@ -1874,6 +1874,35 @@ def test_more_ranks_than_the_memory_holds_are_refused_before_the_launch(spec: Pa
     assert fits.exit_code == 0 and launched == [2], fits.output
 
 
+def test_a_launch_stopped_before_its_ranks_wrote_leaves_no_run_folder(spec: Path, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """`flowrec train SPEC --nproc 2` (no --out) stopped before rank 0 claimed the folder the launcher
+    named (SIGTERM in its first seconds) left `runs/hostile` holding its lock alone, and the next run
+    took `runs/hostile-2`; the folder goes when no rank wrote in it, and stays when one did."""
+    from flowrec.cli import ranks
+
+    monkeypatch.chdir(tmp_path)
+    named = []
+
+    def stopped(nproc, max_restarts, folder, *args):
+        named.append(folder)
+        return 143
+
+    monkeypatch.setattr(ranks, "launch_ranks", stopped)
+    for _ in range(2):
+        shown = runner.invoke(app, ["train", str(spec), "--nproc", "2", "-q"])
+        assert shown.exit_code == 143, shown.output
+    assert named == [Path("runs") / "hostile"] * 2 and list((tmp_path / "runs").iterdir()) == []
+
+    def wrote(nproc, max_restarts, folder, *args):
+        (folder / "run.json").write_text("{}")  # as rank 0 writes it
+        return 0
+
+    monkeypatch.setattr(ranks, "launch_ranks", wrote)
+    assert runner.invoke(app, ["train", str(spec), "--nproc", "2", "-q"]).exit_code == 0
+    assert (tmp_path / "runs" / "hostile" / "run.json").is_file()
+
+
 def test_data_the_ranks_cannot_read_is_refused_before_the_launch(spec: Path, tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """`train --nproc 2 --data nope` (or a dataset of another spec, or --eval-data missing) started
