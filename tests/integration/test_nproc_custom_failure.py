@@ -66,5 +66,7 @@ def test_a_custom_module_raising_on_one_rank_ends_the_run_as_one_process_does(tm
     # lost it in the same second with the same status 2, was named first now and then)
     last = ranks.stderr.strip().splitlines()[-1]
     assert last == f"error: training failed: rank(s) 0, 1 exited; the first, rank 1, with status 2: {named[0][15:]}", last
-    assert [line for line in ranks.stderr.splitlines() if line.startswith("error: rank 0: ")] == [
-        "error: rank 0: stopped at step 3: rank 1 stopped first (its line says why); no checkpoint was written"]
+    # rank 0's line that it follows, unless torch's launcher stopped it first (it stops the other ranks
+    # once one exits); the launcher's last line above names rank 1 and its line either way
+    assert [line for line in ranks.stderr.splitlines() if line.startswith("error: rank 0: ")] in ([
+        "error: rank 0: stopped at step 3: rank 1 stopped first (its line says why); no checkpoint was written"], [])

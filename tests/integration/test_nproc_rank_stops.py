@@ -62,7 +62,9 @@ def _check_lines(err: str, rank: int) -> None:
     # rank 0 refusing the data it prepares is its line alone (the others learn it and stop without one)
     said = [] if rank == 0 else [
         f"error: rank {other}: stopped before training: rank {rank} stopped first (its line says why)"]
-    assert follower == said, err[-3000:]
+    # torch's launcher stops the other ranks once one exits: rank 0 may be stopped before it says that it
+    # follows (1 in about 5 runs under load); the launcher's last line names the rank and its line either way
+    assert follower in (said, []), err[-3000:]
     last = err.strip().splitlines()[-1]
     if rank == 0:  # rank 0's line is the run's one line, as one process says it: not a second time by the launcher
         assert last == own[0] and err.count(own[0].split(": ", 2)[2]) == 1, err[-3000:]
