@@ -45,6 +45,21 @@ def test_a_misspelt_mixture_kind_is_one_line_not_also_its_readers(kind: str | No
         "modules[1].inputs[0]: module 'mix' has no output 'lik' (outputs: like, love)"]
 
 
+def _custom_spec(name: str, module: str, class_ref: str, width: int) -> str:
+    """A spec whose head reads custom module `module` (`class_ref`, built with n=`width`) over an MLP."""
+    return f"""
+name: {name}
+features:
+  - {{name: user_id, type: categorical, hash_buckets: {random.randint(10, 900)}, dim: 4}}
+  - {{name: price, type: dense, transform: log1p}}
+modules:
+  - {{name: bottom, kind: mlp, inputs: ["@dense", user_id], layers: [{width}]}}
+  - {{name: {module}, kind: custom, class: "{class_ref}", inputs: [bottom], params: {{n: {width}}}}}
+heads:
+  - {{name: click, input: {module}}}
+"""
+
+
 def test_a_custom_class_that_fails_its_dry_run_names_the_spec_in_python(tmp_path, monkeypatch) -> None:
     """`flowrec.train("my.yaml")` of a custom class whose forward raises said ': 1 error(s)' (no
     spec named), where `flowrec train my.yaml` says 'my.yaml: modules[1].class: ...'; the
@@ -59,17 +74,7 @@ def test_a_custom_class_that_fails_its_dry_run_names_the_spec_in_python(tmp_path
         "from torch import nn\n\n\nclass Broken(nn.Module):\n"
         "    def __init__(self, n):\n        super().__init__()\n        self.lin = nn.Linear(n, 2)\n\n"
         "    def forward(self, x):\n        raise KeyError('no such column')\n")
-    (tmp_path / "my.yaml").write_text(f"""
-name: walk8_custom
-features:
-  - {{name: user_id, type: categorical, hash_buckets: {random.randint(10, 900)}, dim: 4}}
-  - {{name: price, type: dense, transform: log1p}}
-modules:
-  - {{name: bottom, kind: mlp, inputs: ["@dense", user_id], layers: [{width}]}}
-  - {{name: mine, kind: custom, class: "blocks.py:Broken", inputs: [bottom], params: {{n: {width}}}}}
-heads:
-  - {{name: click, input: mine}}
-""")
+    (tmp_path / "my.yaml").write_text(_custom_spec("walk8_custom", "mine", "blocks.py:Broken", width))
     for spec, source in (("my.yaml", "my.yaml"), (load_spec(tmp_path / "my.yaml"), "ModelSpec 'walk8_custom'")):
         with pytest.raises(SpecError) as err:
             flowrec.train(spec, out=None, rows=500, max_steps=2, progress=False)
@@ -260,18 +265,8 @@ def test_a_custom_forward_that_raises_in_training_keeps_its_type_with_flowrec_tr
         "    def forward(self, x):\n        if self.training:\n            self.calls += 1\n"
         f"            if self.calls == {late}:\n                raise ValueError('went bad')\n"
         "        return self.lin(x)\n")
-    (tmp_path / "my.yaml").write_text(f"""
-name: walk8_late
-features:
-  - {{name: user_id, type: categorical, hash_buckets: {random.randint(10, 900)}, dim: 4}}
-  - {{name: price, type: dense, transform: log1p}}
-modules:
-  - {{name: bottom, kind: mlp, inputs: ["@dense", user_id], layers: [{width}]}}
-  - {{name: late, kind: custom, class: "late.py:Late", inputs: [bottom], params: {{n: {width}}}}}
-heads:
-  - {{name: click, input: late}}
-training: {{batch_size: 32}}
-""")
+    (tmp_path / "my.yaml").write_text(_custom_spec("walk8_late", "late", "late.py:Late", width)
+                                      + "training: {batch_size: 32}\n")
     with pytest.raises(ValueError, match="went bad") as err:
         flowrec.train("my.yaml", out=None, rows=2_000, max_steps=20, progress=False)
     notes = getattr(err.value, "__notes__", [])
