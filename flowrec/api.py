@@ -324,11 +324,9 @@ def _note_custom(exc: BaseException, trainer: Any) -> None:
     """Add to `exc` the line `flowrec train` says where a custom module's code raised it in training
     or evaluation (its forward, the model's backward, its state code): the step, the module and its
     class, what the run kept. Python 3.11+ shows notes under the traceback; 3.10 has none."""
-    from operators.custom import backward_failure, custom_failure, state_failure
-
-    named = custom_failure(exc) or backward_failure(exc, trainer.model) or state_failure(exc, trainer.model)
-    if named is not None and hasattr(exc, "add_note"):
-        exc.add_note(f"flowrec: at step {trainer.position.step + 1}: {named}; {trainer.checkpoint_note()}")
+    line = trainer.custom_failure_line(exc)
+    if line is not None and hasattr(exc, "add_note"):
+        exc.add_note(f"flowrec: {line}")
 
 
 def _warn_small_catalogue(model: Any) -> None:

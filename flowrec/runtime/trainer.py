@@ -660,6 +660,16 @@ class Trainer:
         """What is on disk after a failure: the newest checkpoint's step, or that there is none."""
         return self.checkpointer.note()
 
+    def custom_failure_line(self, exc: BaseException) -> str | None:
+        """The line of a run that `exc`, raised by a custom module's own code (its forward, the
+        model's backward, its state code), stopped: the step, the module and its class, what is on
+        disk; None for an error of no custom module (`flowrec train` says it as its one line,
+        `flowrec.train` as a note on the error)."""
+        from operators.custom import backward_failure, custom_failure, state_failure
+
+        named = custom_failure(exc) or backward_failure(exc, self.model) or state_failure(exc, self.model)
+        return None if named is None else f"at step {self.position.step + 1}: {named}; {self.checkpoint_note()}"
+
     def _staged(self, train_source: Any) -> Any:
         """This epoch's batches from the current position (hot/cold batches under FAE)."""
         pos = self.position
