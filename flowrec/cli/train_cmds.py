@@ -847,9 +847,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
             state.clear()  # the model has its copy: release the checkpoint's (memory-mapped) tensors
             if trainer.finished(session.train):
                 session.model.close()
-                line = _finished_line(folder, trainer.position, trainer.epochs, settings, trainer.stopper)
-                _say(line)
-                _report_finished(folder, trainer.position, line, request.json_out, request.json_lines)
+                _say_finished(request, folder, trainer.position, trainer.epochs, settings, trainer.stopper)
                 return
             _say(f"resuming {folder} at epoch {trainer.position.epoch}, batch {trainer.position.batch} "
                  f"(step {trainer.position.step})")
@@ -933,11 +931,9 @@ def _fail_if_custom(exc: BaseException, trainer: "Trainer") -> None:
     (a checkpoint's state_dict, a resume's load). Under `--nproc N` the other ranks learn it
     (`fail` records it: `flowrec.cli.rank_reports.report_stop`), so the run ends with status 2 on every
     rank, its folder as one process leaves it."""
-    from operators.custom import backward_failure, custom_failure, state_failure
-
-    named = custom_failure(exc) or backward_failure(exc, trainer.model) or state_failure(exc, trainer.model)
-    if named is not None:
-        fail(f"at step {trainer.position.step + 1}: {named}; {trainer.checkpoint_note()}")
+    line = trainer.custom_failure_line(exc)
+    if line is not None:
+        fail(line)
 
 
 def _resume_command(spec_path: Path, folder: Path) -> str:
@@ -1220,12 +1216,14 @@ def _run_spec_class_files(state: dict, folder: Path, spec, world=None) -> tuple[
         _refuse(str(exc), world)
 
 
-def _report_finished(folder: Path, position, line: str, json_out: bool, json_lines: bool = False) -> None:
-    """With --json, a finished run's document on stdout (a script reading it got nothing): the run
-    folder, its step and epoch (`position`), `finished: true` and the line."""
-    if json_out and is_lead_rank():
+def _say_finished(request: RunRequest, folder: Path, position, epochs: int, settings: dict, stopper=None) -> None:
+    """A resumed run at its end: its line (`_finished_line`) and, with --json, its document on stdout
+    (a script reading it got nothing): the run folder, its step and epoch, `finished: true`, the line."""
+    line = _finished_line(folder, position, epochs, settings, stopper)
+    _say(line)
+    if request.json_out and is_lead_rank():
         _print_json({"run_dir": str(folder), "finished": True, "steps": position.step, "epoch": position.epoch,
-                     "trained_steps": 0, "message": line}, json_lines)
+                     "trained_steps": 0, "message": line}, request.json_lines)
 
 
 def _print_json(doc: dict, json_lines: bool) -> None:
@@ -1247,9 +1245,7 @@ def _said_finished(request: RunRequest, folder: Path, state: dict, spec, plan, s
     if done is None:
         return False
     state.clear()  # release the checkpoint's (memory-mapped) tensors
-    line = _finished_line(folder, done.position, done.epochs, settings, done.stopper)
-    _say(line)
-    _report_finished(folder, done.position, line, request.json_out, request.json_lines)
+    _say_finished(request, folder, done.position, done.epochs, settings, done.stopper)
     return True
 
 
