@@ -247,14 +247,13 @@ def _check_ranks_data(spec, request: RunRequest) -> None:
     """Exit 2 when a given --data or --eval-data is no dataset, or one encoded for another spec,
     before the launch: each rank found it after starting (16-37 s) and said the same line, then the
     launcher a third time. (Only the folder's record is read here; the ranks open the data.)"""
-    from flowrec.data.layout import META_FILE, DataError, check_spec, read_meta
+    from flowrec.data.layout import DataError, check_spec, read_meta, train_part
 
     for key in ("data", "eval_data"):
         given = request.given.get(key)
         if given is None:
             continue
-        path = Path(given)
-        part = path / "train" if key == "data" and (path / "train" / META_FILE).is_file() else path
+        part = train_part(given) if key == "data" else Path(given)
         try:
             check_spec(read_meta(part), spec, part)
         except DataError as exc:

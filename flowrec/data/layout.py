@@ -173,6 +173,13 @@ def is_multi(feature: SparseFeature) -> bool:
     return feature.max_len > 1 or feature.kind == "sequence"
 
 
+def train_part(path: str | Path) -> Path:
+    """A dataset folder's training part: `DIR/train` of a split dataset (`DIR/train`, `DIR/test`),
+    else the folder itself."""
+    path = Path(path)
+    return path / "train" if (path / "train" / META_FILE).is_file() else path
+
+
 def read_meta(path: str | Path) -> DatasetMeta:
     """Read ``_flowrec.json`` of a dataset directory.
 

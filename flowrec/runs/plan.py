@@ -212,12 +212,11 @@ def sampled_access_profile(spec: ModelSpec, data: str | None, status: Callable[[
     """
     if data is None:
         return None
-    from flowrec.data.layout import META_FILE, DataError
+    from flowrec.data.layout import DataError, train_part
     from flowrec.data.profile import profile_access
     from flowrec.runtime.session import open_dataset
 
-    path = Path(data)
-    train = path / "train" if (path / "train" / META_FILE).is_file() else path
+    train = train_part(data)
     try:
         source = open_dataset(train, spec)
         try:
