@@ -88,19 +88,20 @@ def _sample(values: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
 def id_texts(values: pa.Array) -> tuple[pa.Array, pa.Array]:
     """The ids of a sample as they are hashed (`as_strings`), nulls and blanks ('  ': no id, so no
     form, width or narrowest id of one) dropped, and the same trimmed of spaces: what
-    `written_form`, `narrowest_id` and `_widths` read, made once a feature (each made them anew: 3
-    texts and 4 trims a feature, 60 % of a one-row predict of 1,000 hashed fields)."""
+    `written_form`, `narrowest_id` and `_widths` read. Those three answer of one sample what
+    `sample_forms` answers of every feature's at once (the check `IdForms.observe` makes): they are
+    its plain reference, which the tests compare it with."""
     texts = as_strings(_sample(values)).drop_null()
     trimmed = pc.utf8_trim_whitespace(texts)
     named = pc.not_equal(trimmed, "")
     return texts.filter(named), trimmed.filter(named)
 
 
-def written_form(values: pa.Array, texts: tuple[pa.Array, pa.Array] | None = None) -> tuple[str, str] | None:
+def written_form(values: pa.Array) -> tuple[str, str] | None:
     """The form of a sample of ids (`FORMS`, else `TEXT`; `PADDED` before it where most are written
     with spaces around them) and an example of it, as the ids are hashed (`as_strings`: a float
-    3.0 is the id "3"); None where the sample holds no id. `texts`: `id_texts(values)`, if made."""
-    texts, trimmed = texts or id_texts(values)
+    3.0 is the id "3"); None where the sample holds no id."""
+    texts, trimmed = id_texts(values)
     if not len(texts):
         return None
     padded = pc.sum(pc.not_equal(texts, trimmed)).as_py() * 2 > len(texts)
@@ -117,26 +118,24 @@ def written_form(values: pa.Array, texts: tuple[pa.Array, pa.Array] | None = Non
     return (PADDED if padded else "") + form, example
 
 
-def narrowest_id(values: pa.Array, texts: tuple[pa.Array, pa.Array] | None = None) -> str:
-    """The narrowest id (its text, spaces trimmed) of a sample of ids holding one (`written_form`'s);
-    `texts`: `id_texts(values)`, if made.
+def narrowest_id(values: pa.Array) -> str:
+    """The narrowest id (its text, spaces trimmed) of a sample of ids holding one (`written_form`'s).
 
     >>> narrowest_id(pa.array(["12", "  ", "345", None]))
     '12'
     """
-    trimmed = (texts or id_texts(values))[1]
+    trimmed = id_texts(values)[1]
     lengths = pc.utf8_length(trimmed)
     return trimmed[pc.index(lengths, pc.min(lengths)).as_py()].as_py()
 
 
-def _widths(values: pa.Array, texts: tuple[pa.Array, pa.Array] | None = None) -> tuple[int, int]:
-    """The fewest and most characters of a sample's ids (spaces trimmed), of one holding an id;
-    `texts`: `id_texts(values)`, if made.
+def _widths(values: pa.Array) -> tuple[int, int]:
+    """The fewest and most characters of a sample's ids (spaces trimmed), of one holding an id.
 
     >>> _widths(pa.array(["012", "  ", "345", None]))
     (3, 3)
     """
-    widths = pc.min_max(pc.utf8_length((texts or id_texts(values))[1]))
+    widths = pc.min_max(pc.utf8_length(id_texts(values)[1]))
     return widths["min"].as_py(), widths["max"].as_py()
 
 

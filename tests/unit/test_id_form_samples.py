@@ -14,17 +14,15 @@ import pyarrow.compute as pc
 import pytest
 
 from flowrec.data.encode import Encoder
-from flowrec.data.id_forms import FORM_SAMPLE, ZEROS, IdForms, _widths, id_texts, narrowest_id, sample_forms, \
-    written_form
+from flowrec.data.id_forms import FORM_SAMPLE, ZEROS, IdForms, _widths, narrowest_id, sample_forms, written_form
 from flowrec.data.layout import is_multi
 from flowrec.spec import spec_from_dict
 
 
 def _one_by_one(values: pa.Array) -> tuple[str, str, str, tuple[int, int]] | None:
     """The check of one feature's sample as `IdForms.observe` made it before."""
-    texts = id_texts(values)
-    found = written_form(values, texts)
-    return None if found is None else (*found, narrowest_id(values, texts), _widths(values, texts))
+    found = written_form(values)
+    return None if found is None else (*found, narrowest_id(values), _widths(values))
 
 
 def _ids(rng: np.random.Generator, n: int) -> np.ndarray:
