@@ -1,6 +1,7 @@
 """What every command shares: one-line errors with exit status 2, and loading a spec that way."""
 from __future__ import annotations
 
+import difflib
 import os
 import sys
 from contextlib import contextmanager, redirect_stdout
@@ -93,6 +94,8 @@ def click_error_line(exc: Exception) -> str:
         hint = exc.param_hint if isinstance(exc.param_hint, str) else None
         name = hint or (exc.param.opts[0] if exc.param.param_type_name == "option" else exc.param.human_readable_name)
         message = f"{name.strip(QUOTES)}: {exc.message}"
+    elif isinstance(exc, click_errors.NoSuchOption):
+        message = unknown_option_line(exc)
     else:
         message = exc.format_message()
     ctx = getattr(exc, "ctx", None)
@@ -101,6 +104,47 @@ def click_error_line(exc: Exception) -> str:
 
 
 QUOTES = "'\""
+
+# what an unknown option most likely asks for: a split of the data, or a setting the spec holds
+SPLIT_WORDS = frozenset({"eval", "evaluation", "valid", "validation", "val", "holdout", "test", "dev", "split"})
+SPLIT_OPTIONS = ("--test-fraction", "--eval-data")
+SPEC_SETTINGS = {
+    "batch-size": "training.batch_size", "batch": "training.batch_size", "bs": "training.batch_size",
+    "batchsize": "training.batch_size", "lr": "optimizer.dense.lr and optimizer.sparse.lr",
+    "learning-rate": "optimizer.dense.lr and optimizer.sparse.lr", "optimizer": "optimizer.dense and optimizer.sparse",
+    "precision": "training.precision", "bf16": "training.precision", "fp16": "training.precision",
+    "amp": "training.precision", "dropout": "a module's dropout",
+}
+OPTION_ALIASES = {"precision": ("--dtype",), "bf16": ("--dtype",), "fp16": ("--dtype",),
+                  "gpu": ("--device",), "cuda": ("--device",), "cpu": ("--device",)}
+
+
+def unknown_option_line(exc: Exception) -> str:
+    """click's line for an unknown option, with what a user may have meant: the command's option for
+    it (`export --precision` -> `--dtype`, `--gpu` -> `--device`), its options that hold the given
+    word (`train --eval` -> `--eval-data`), an option for a split (`data convert --valid` ->
+    `--test-fraction`), the options spelt closest (`--grop-by` -> `--group-by`); else where the spec
+    holds the setting (`train --batch-size` -> training.batch_size). Never click's `--help`, the only
+    option it offered for `data convert --eval`, nor its loose matches (`--lr` -> `--rows or
+    --plan`): `No such option: --eval (did you mean --test-fraction?)`."""
+    given = exc.option_name.split("=", 1)[0]
+    word = given.lstrip("-").lower().replace("_", "-")
+    ctx = getattr(exc, "ctx", None)
+    options = sorted({o for p in (ctx.command.params if ctx is not None else [])
+                      for o in getattr(p, "opts", []) if o.startswith("--") and o != "--help"})
+    aliases = [o for o in OPTION_ALIASES.get(word, ()) if o in options]
+    holding = [o for o in options if len(word) >= 3 and word in o[2:].split("-")]
+    split = [o for o in SPLIT_OPTIONS if o in options] if word in SPLIT_WORDS else []
+    close = difflib.get_close_matches(given, options, n=3, cutoff=CLOSE_OPTION)
+    meant = list(dict.fromkeys(aliases + holding + split + close))[:3]
+    if meant:
+        return f"{exc.message} (did you mean {' or '.join(meant)}?)"
+    if word in SPEC_SETTINGS:
+        return f"{exc.message} (set in the spec, not on the command line: {SPEC_SETTINGS[word]})"
+    return exc.message
+
+
+CLOSE_OPTION = 0.75  # difflib's ratio: `--grop-by` -> `--group-by` 0.94, `--epoch` -> `--epochs` 0.92; `--lr` -> `--rows` 0.67
 # click's exceptions, wherever typer takes them from (it vendors click as typer._click since 0.22)
 click_errors = sys.modules[typer.BadParameter.__module__]
 

@@ -35,6 +35,34 @@ def test_click_errors_are_one_line(args: list[str], named: str) -> None:
     assert "--help" in line  # where to look, on the same line
 
 
+@pytest.mark.parametrize("args, meant", [
+    (["data", "convert", "--eval", "0.1", "csv", "in.csv", "out"], "(did you mean --test-fraction?)"),
+    (["data", "convert", "--validation=0.1", "csv", "in.csv", "out"], "(did you mean --test-fraction?)"),
+    (["train", "s.yaml", "--eval", "d"], "(did you mean --eval-data or --eval-every?)"),
+    (["train", "s.yaml", "--epoch", "2"], "(did you mean --epochs?)"),
+    (["eval", "runs/x", "--grop-by", "user"], "(did you mean --group-by?)"),
+    (["predict", "pkg", "rows.csv", "--topk", "5"], "(did you mean --top-k?)"),
+    (["export", "runs/x", "out", "--precision", "bf16"], "(did you mean --dtype?)"),
+    (["calibrate", "--gpu"], "(did you mean --device?)"),
+    (["train", "s.yaml", "--batch-size", "512"], "(set in the spec, not on the command line: training.batch_size)"),
+    (["train", "s.yaml", "--lr", "0.1"], "optimizer.dense.lr and optimizer.sparse.lr)"),
+    (["train", "s.yaml", "--precision", "bf16"], "training.precision)"),
+], ids=lambda a: " ".join(a) if isinstance(a, list) else None)
+def test_an_unknown_option_names_what_was_meant(args: list[str], meant: str) -> None:
+    """`data convert --eval` was told "(Possible options: --help)", click's one close match, and
+    `train --lr` "--rows or --plan": the line names the option or spec setting a user meant."""
+    line = _one_error_line(CliRunner().invoke(app, args))
+    assert meant in line
+    assert "Possible options" not in line and "mean --help" not in line
+
+
+@pytest.mark.parametrize("args", [["data", "convert", "--xyzzy", "csv", "a", "b"], ["train", "s.yaml", "-z"]],
+                         ids=lambda a: " ".join(a))
+def test_an_unknown_option_like_none_suggests_nothing(args: list[str]) -> None:
+    line = _one_error_line(CliRunner().invoke(app, args))
+    assert args[-4 if args[0] == "data" else -1] in line and "mean" not in line and "spec" not in line
+
+
 @pytest.mark.parametrize("command", [[], ["data"], ["train"], ["data", "convert"]])
 def test_help_is_as_before(command: list[str]) -> None:
     shown = CliRunner().invoke(app, [*command, "--help"])
