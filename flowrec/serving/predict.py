@@ -11,6 +11,7 @@ Example:
 """
 from __future__ import annotations
 
+import datetime
 import numbers
 import os
 from dataclasses import dataclass, field
@@ -634,23 +635,53 @@ def huge_integer(frame: pd.DataFrame) -> str:
 
 
 def mixed_hint(frame: pd.DataFrame) -> str:
-    """How to mend the first object column mixing text and numbers (after a `concat`, say), which Arrow
-    cannot read, or "": `.astype("string")`, which keeps a missing value missing, where `.astype(str)`
-    made NaN the id 'nan'.
+    """How to mend the first column Arrow cannot read, or "": an object column mixing text with
+    numbers (after a `concat`, say), dates or other values: `.astype("string")`, which keeps a
+    missing value missing, where `.astype(str)` made NaN the id 'nan'; a column of complex numbers
+    (no id, no dense value), named with what it holds, where Arrow said "Unsupported numpy type 15".
 
     >>> print(mixed_hint(pd.DataFrame({"a": [1.5, 2.0], "user": [1, "u2"]})))
      (column user mixes text and numbers: make it text with .astype("string"), which keeps missing values missing; not .astype(str), which makes them the text 'nan')
+    >>> print(mixed_hint(pd.DataFrame({"user": [pd.Timestamp("2020-01-02"), "u2"]})))
+     (column user mixes text and dates or times: make it text with .astype("string"), which keeps missing values missing; not .astype(str), which makes them the text 'nan')
+    >>> print(mixed_hint(pd.DataFrame({"user": [pd.Timestamp("2020-01-02"), "u2", 3, b"u"]})))
+     (column user mixes text and bytes, dates or times and numbers: make it text with .astype("string"), which keeps missing values missing; not .astype(str), which makes them the text 'nan')
+    >>> print(mixed_hint(pd.DataFrame({"price": [1 + 2j, 3.0]})))
+     (column price holds complex numbers (complex128): an id is an integer or text, a dense value a real number)
     >>> mixed_hint(pd.DataFrame({"user": ["u1", None]}))
     ''
     """
     for name in frame.columns:
         column = frame[name]
+        if column.dtype.kind == "c":
+            return (f" (column {name} holds complex numbers ({column.dtype}): an id is an integer or text, a dense "
+                    "value a real number)")
         if column.dtype == object:
-            kinds = {type(v) for v in column.dropna()}
-            if any(issubclass(k, str) for k in kinds) and any(issubclass(k, numbers.Number) for k in kinds):
-                return (f" (column {name} mixes text and numbers: make it text with .astype(\"string\"), which keeps "
+            kinds = {_value_kind(v) for v in column.dropna()}
+            if "text" in kinds and len(kinds) > 1:
+                others = sorted(kinds - {"text"})
+                other = " and ".join([", ".join(others[:-1]), others[-1]] if len(others) > 1 else others)
+                return (f" (column {name} mixes text and {other}: make it text with .astype(\"string\"), which keeps "
                         "missing values missing; not .astype(str), which makes them the text 'nan')")
+            if "complex numbers" in kinds:
+                return f" (column {name} holds complex numbers: an id is an integer or text, a dense value a real number)"
     return ""
+
+
+def _value_kind(value: object) -> str:
+    """What one value of an object column is, in a line's words: text, numbers, complex numbers,
+    dates or times, bytes, or its type's name."""
+    if isinstance(value, str):
+        return "text"
+    if isinstance(value, (datetime.date, datetime.time, np.datetime64, pd.Timedelta, datetime.timedelta)):
+        return "dates or times"
+    if isinstance(value, numbers.Complex) and not isinstance(value, numbers.Real):
+        return "complex numbers"
+    if isinstance(value, numbers.Number):
+        return "numbers"
+    if isinstance(value, (bytes, bytearray)):
+        return "bytes"
+    return f"values of type {type(value).__name__}"
 
 
 def check_finite(column: pa.ChunkedArray | pa.Array, name: str) -> None:

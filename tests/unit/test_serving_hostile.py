@@ -606,6 +606,19 @@ def test_an_id_column_mixing_text_and_numbers_names_a_mend_that_keeps_missing_va
     assert np.array_equal(mended, text)
 
 
+@pytest.mark.parametrize("column, values, says", [
+    ("user", [pd.Timestamp("2021-03-04 05:06"), "2", None], "column user mixes text and dates or times: make it text"),
+    ("user", [1 + 2j, 3j, 2j], r"column user holds complex numbers \(complex128\): an id is an integer or text"),
+    ("user", ["1", 2, b"3"], "column user mixes text and bytes and numbers: make it text"),
+], ids=["timestamp", "complex", "bytes"])
+def test_an_id_column_arrow_cannot_read_names_what_it_holds(managed_pkg, column: str, values: list, says: str):
+    """An id column of text and pandas Timestamps was told it "mixes text and numbers", and one of
+    complex numbers was Arrow's bare "Unsupported numpy type 15": the line names what it holds."""
+    rows = pd.DataFrame({"user": ["1", "2", "3"], "item": ["4", "5", "6"]}).assign(**{column: values})
+    with pytest.raises(DataError, match=says):
+        load_model(managed_pkg).predict(rows)
+
+
 def test_raw_rows_for_a_synthetic_runs_standardized_feature_are_refused(tmp_path):
     """A run on synthetic rows (drawn standardized: no mean or std) of a spec of hashed tables and a
     standardize feature exported, and predict of raw rows was a KeyError traceback ('price')."""
