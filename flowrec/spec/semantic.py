@@ -347,7 +347,10 @@ def check_budget(view: DocView) -> list[SpecIssue]:
         return []
     try:
         parse_bytes(budget)
-    except ValueError:
+    except ValueError as exc:
+        if "fraction of a byte" in str(exc):  # "1.5": a unit left out
+            return [SpecIssue("plan.device_budget", f"{show(budget)} is a fraction of a byte: give its unit "
+                                                    f"(e.g. {budget.strip()}GiB)")]
         return [SpecIssue("plan.device_budget", f"must be at most 1 PiB (got {show(budget)})")]
     return []
 

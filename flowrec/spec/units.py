@@ -18,17 +18,32 @@ def parse_bytes(value: str | int | float) -> int:
     """Parse a byte size such as ``"4GiB"``, ``"512 MB"`` or ``1024``, at most `MAX_BYTES`.
 
     Raises:
-        ValueError: on an unknown unit, a malformed, negative or non-finite size, or one over 1 PiB.
+        ValueError: on an unknown unit, a malformed, negative or non-finite size, one over 1 PiB, or a
+            fraction of a byte (`1.5`: a unit left out; `1.5KB` is 1,500 bytes).
+
+    Example:
+        >>> parse_bytes("4GiB"), parse_bytes("1.5 KB"), parse_bytes(1024), parse_bytes("0")
+        (4294967296, 1500, 1024, 0)
+        >>> parse_bytes("1.5")
+        Traceback (most recent call last):
+        ValueError: not a byte size: '1.5' is a fraction of a byte; give its unit, e.g. 1.5GiB or 1.5MiB
     """
     if isinstance(value, bool):
         raise ValueError(f"not a byte size: {value!r}")
     if isinstance(value, (int, float)):
         size = value
+        bare = True
     else:
         m = _SIZE.match(str(value))
         if not m or m.group(2).lower() not in _UNITS:
             raise ValueError(f"not a byte size: {value!r} (use e.g. 4GiB, 512MB, 1073741824)")
         size = float(m.group(1)) * _UNITS[m.group(2).lower()]
+        bare = _UNITS[m.group(2).lower()] == 1
+    if bare and isinstance(size, float) and math.isfinite(size) and not size.is_integer():
+        # `--device-budget 1.5` was a budget of 1 byte: a unit left out, not a part of a byte
+        shown = str(value).strip().rstrip("bB").strip()
+        raise ValueError(f"not a byte size: {value!r} is a fraction of a byte; give its unit, e.g. {shown}GiB or "
+                         f"{shown}MiB")
     if not (isinstance(size, int) or math.isfinite(size)) or not 0 <= size <= MAX_BYTES:
         raise ValueError(f"byte size {str(value)[:40]!r} is out of range (0 .. 1 PiB)")
     return int(size)

@@ -68,6 +68,23 @@ def test_parse_bytes_out_of_range(text):
         parse_bytes(text)
 
 
+@pytest.mark.parametrize("text", ["1.5", "2.5 B", 0.5, 1e3 + 0.25])
+def test_a_fraction_of_a_byte_is_a_unit_left_out(text):
+    """`--device-budget 1.5` (GiB meant) planned with a budget of 1 byte, every table on the host."""
+    with pytest.raises(ValueError, match="fraction of a byte; give its unit"):
+        parse_bytes(text)
+    doc = copy.deepcopy(DLRM)
+    doc.setdefault("plan", {})["device_budget"] = text
+    issues = validate_document(doc)
+    assert [i.path for i in issues] == ["plan.device_budget"]
+    assert "fraction of a byte" in issues[0].message or not isinstance(text, str)
+
+
+@pytest.mark.parametrize("text,expected", [("1.0", 1), (2.0, 2), ("0.5KiB", 512), ("1.5 KB", 1500)])
+def test_a_whole_number_of_bytes_with_a_point_or_a_unit_is_taken(text, expected):
+    assert parse_bytes(text) == expected
+
+
 def test_a_size_over_the_limit_is_out_of_range_in_the_unit_the_limit_is_said_in():
     """'2PiB' was 'not a byte size' while the limit reads '(0 .. 1 PiB)', and a spec's
     plan.device_budget '1PiB' was refused by the schema's pattern."""
