@@ -262,7 +262,6 @@ def test_three_owner_ranks_remap_and_step_the_maps_one_process_does(tmp_path: Pa
     spec = spec_from_dict(spec_doc("few"))
     layout = group_layout(spec)
     one = Remapper(spec, layout, {t.name: ShardedMap(t.managed) for t in spec.tables}, train=True)
-    table_of = {"user": "users", "item": "items"}
     freed = 0
     for k, batch in enumerate(stream(seed)):
         cols, done = one.remap(dict(batch))
