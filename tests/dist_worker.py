@@ -202,12 +202,15 @@ def run_interleaved(first: PackedGroup, rank: int, world: int, pg: dist.ProcessG
     }
 
 
+START_S = 120.0  # the rendezvous: a loaded machine starts the processes seconds apart (a 5 s one failed)
+
+
 def main(argv: list[str]) -> int:
     mode, rank, world, port, out_dir, timeout_s = argv[:6]
-    rank, world, timeout = int(rank), int(world), timedelta(seconds=float(timeout_s))
+    rank, world = int(rank), int(world)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world, timeout=timeout)
+                            world_size=world, timeout=timedelta(seconds=max(float(timeout_s), START_S)))
     pg = embedding_group(float(timeout_s))
     out = Path(out_dir) / f"rank{rank}.json"
     if mode == "equal":

@@ -25,6 +25,8 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS, BATCH = 24, 40
+START_S = 120  # the rendezvous: a loaded machine starts the processes seconds apart (a 3 s one failed)
+RUN_S = 300  # all processes of a test together
 SPEC = {
     "name": "owners",
     "features": [{"name": "user", "type": "categorical", "table": "users"},
@@ -76,7 +78,7 @@ def worker(mode: str, rank: int, world: int, port: int, out: Path, seed: int, ti
     from flowrec.spec import spec_from_dict
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=timeout_s))
+                            timeout=timedelta(seconds=max(timeout_s, START_S)))
     groups = [dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s)) for _ in range(2)]
     spec = spec_from_dict(spec_doc(mode))
     layout = group_layout(spec)
@@ -175,7 +177,7 @@ def launch(mode: str, out: Path, seed: int, timeout_s: float, world: int = 2) ->
                                str(timeout_s)], cwd=REPO, env=env, stdout=(out / f"log{r}").open("wb"),
                               stderr=subprocess.STDOUT) for r in range(world)]
     try:
-        deadline = time.monotonic() + 120  # all processes together
+        deadline = time.monotonic() + RUN_S
         codes = [p.wait(timeout=max(1.0, deadline - time.monotonic())) for p in procs]
     finally:
         for p in procs:
@@ -260,7 +262,6 @@ def test_three_owner_ranks_remap_and_step_the_maps_one_process_does(tmp_path: Pa
     spec = spec_from_dict(spec_doc("few"))
     layout = group_layout(spec)
     one = Remapper(spec, layout, {t.name: ShardedMap(t.managed) for t in spec.tables}, train=True)
-    table_of = {"user": "users", "item": "items"}
     freed = 0
     for k, batch in enumerate(stream(seed)):
         cols, done = one.remap(dict(batch))

@@ -155,16 +155,18 @@ def test_the_skew_is_the_slowest_rank_of_each_step_beyond_the_slowest_ranks_own_
     from flowrec.measure.concurrent import rank_skew_ms
 
     rng = random.Random()
-    ranks = [[[rng.lognormvariate(1.0, 0.4), 0.0] for _ in range(41)] for _ in range(rng.choice((2, 3)))]
-    # independent ranks' steps: the slowest of each step is slower than any one rank's median
-    # (equal in about 1 of 1e5 draws of 41 steps)
+    steps = 81
+    ranks = [[[rng.lognormvariate(1.0, 0.4), 0.0] for _ in range(steps)] for _ in range(rng.choice((2, 3)))]
+    # independent ranks' steps: the slowest of each step is slower than any one rank's median (equal
+    # where, at the slower rank's median step and every step of it below, the other rank was faster
+    # still: 2 ranks of 41 steps, 32 draws of 1e6; of 81 steps, none of 1e6 and about 2^-20 of that)
     assert rank_skew_ms(ranks)[0] > 0
-    ranks[0][rng.randrange(41)][1] = 1e9  # rounds another process delayed: not clean, left out
-    ranks[-1][rng.randrange(41)][1] = 1e9
+    ranks[0][rng.randrange(steps)][1] = 1e9  # rounds another process delayed: not clean, left out
+    ranks[-1][rng.randrange(steps)][1] = 1e9
     skew, details = rank_skew_ms(ranks)
     slowest = [max(step, key=lambda wq: wq[0]) for step in zip(*ranks)]
     expected = _estimate_ms(slowest) - max(_estimate_ms(r) for r in ranks)
-    assert skew == pytest.approx(max(expected, 0.0)) and details["steps"] == 41
+    assert skew == pytest.approx(max(expected, 0.0)) and details["steps"] == steps
     assert rank_skew_ms([[[2.0, 0.0]] * 5, [[2.0, 0.0]] * 5])[0] == 0.0  # ranks in step: nothing
     assert rank_skew_ms([[[2.0, 0.0]] * 5, [[2.0, 0.0]] * 7])[1]["steps"] == 5  # the steps both have
     with pytest.raises(ValueError, match="two ranks"):

@@ -1062,7 +1062,9 @@ def test_bound_data_is_encoded_once_by_two_runs_started_together(tmp_path: Path,
 
     def slow_convert(*args, **kwargs):
         calls.append(args[-1])
-        time.sleep(0.5)  # the other run arrives meanwhile
+        deadline = time.monotonic() + 60  # the other run arrives meanwhile and says it waits
+        while not any("waiting for another flowrec process" in n for n in notes) and time.monotonic() < deadline:
+            time.sleep(0.01)
         return real(*args, **kwargs)
 
     monkeypatch.setattr(convert_module, "convert", slow_convert)

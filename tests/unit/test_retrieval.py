@@ -78,8 +78,10 @@ def hand_sampled(q, v, items, neg_v, neg_ids, metric, temperature, log_q=None) -
 def _random_case(gen, b=12, d=5, n=9, vocab=7):
     q = torch.randn(b, d, generator=gen, dtype=torch.float64) * 2
     v = torch.randn(b, d, generator=gen, dtype=torch.float64)
-    items = torch.randint(1, vocab, (b,), generator=gen)  # few items: duplicates and hits for sure
+    items = torch.randint(1, vocab, (b,), generator=gen)  # few items: duplicates for sure
     neg_ids = torch.randint(1, vocab, (n,), generator=gen)
+    # an accidental hit for sure: 9 draws of 6 ids missed the 12 rows' items once in 65,000 (seed 19482)
+    neg_ids[int(torch.randint(0, n, (), generator=gen))] = items[int(torch.randint(0, b, (), generator=gen))]
     neg_v = torch.randn(n, d, generator=gen, dtype=torch.float64)
     probs = torch.rand(vocab, generator=gen, dtype=torch.float64) ** 3 + 1e-3
     return q, v, items, neg_ids, neg_v, torch.log(probs / probs.sum())
@@ -101,8 +103,7 @@ def test_in_batch_softmax_equals_the_masked_reference(metric, temperature, logq)
 @pytest.mark.parametrize("logq", [False, True])
 def test_sampled_softmax_equals_a_hand_computation(metric, temperature, logq):
     gen = torch.Generator().manual_seed(random.randrange(1 << 30))
-    q, v, items, neg_ids, neg_v, log_q = _random_case(gen)
-    assert bool((neg_ids.unsqueeze(0) == items.unsqueeze(1)).any())  # accidental hits present
+    q, v, items, neg_ids, neg_v, log_q = _random_case(gen)  # accidental hits present
     cand = Candidates(neg_v, neg_ids, log_q if logq else None, len(neg_ids))
     ours = sampled_softmax(q, v, items, cand, metric, temperature)
     expected = hand_sampled(q, v, items, neg_v, neg_ids, metric, temperature, log_q if logq else None)

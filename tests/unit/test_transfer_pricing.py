@@ -165,7 +165,7 @@ def test_the_stage_counts_the_bytes_of_the_batches_compute_takes(monkeypatch):
     taken = 3
     with TransferStage(iter(batches), torch.device("cuda"), depth=2) as stage:
         got = [next(stage) for _ in range(taken)]
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120  # a loaded machine may not run the thread for seconds
         while not stage._sizes and time.monotonic() < deadline:  # the stage moves the next batch ahead
             time.sleep(0.01)
         assert stage._sizes, "the transfer stage did not move a batch ahead of compute"

@@ -26,7 +26,7 @@ def _stop_early(source, depth: int = 2) -> TransferStage:
     stage = TransferStage(source, CPU, depth=depth, background=True)
     first = next(iter(stage))
     assert first == {"index": 0}
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120  # a loaded machine may not run the thread for seconds
     while not stage._queue.full() and time.monotonic() < deadline:  # the thread fills the queue
         time.sleep(0.01)
     assert stage._queue.full(), "the stage's thread never filled its queue"
