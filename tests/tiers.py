@@ -95,7 +95,7 @@ FILES: dict[str, frozenset[str]] = {
     **{f"tests/integration/{name}.py": frozenset({"processes"}) for name in (
         "test_bench_costmodel_smoke", "test_bench_dist_smoke", "test_bench_train_smoke", "test_data_bench", "test_dist_embedding",
         "test_dist_incremental", "test_dist_specs", "test_dist_train", "test_sigkill_resume",
-        "test_dist_managed_owner", "test_dist_checkpoint_background",
+        "test_dist_managed_owner", "test_dist_checkpoint_background", "test_dist_start",
         "test_nproc_signals", "test_data_signals", "test_dist_managed", "test_retrieval_negatives_ranks", "test_retrieval_ranks_exact",
         "test_nproc_nonfinite", "test_nproc_custom_failure", "test_nproc_rank_stops",
     )},

@@ -31,6 +31,7 @@ from flowrec.runtime.messages import first_line
 from operators.device import select_device
 
 DEFAULT_TIMEOUT_S = 300.0  # --dist-timeout default: a dead or hung rank fails the others within it
+START_TIMEOUT_S = 300.0  # the ranks' start waits at least this for all of them (`join_world`)
 
 
 class WorldError(RuntimeError):
@@ -125,10 +126,17 @@ def join_world(size: int, rank: int, timeout_s: float, device: torch.device) -> 
     """Initialize torch.distributed (the rendezvous from MASTER_ADDR / MASTER_PORT) and make the
     embedding group.
 
+    The ranks first wait for each other in the rendezvous store for `timeout_s` or
+    START_TIMEOUT_S, whichever is longer: ranks that start seconds apart (their imports on a loaded
+    machine; rank 1 started 10 s after rank 0) failed a short `--dist-timeout 8` as "could not
+    join the other rank(s)" though none was dead or hung. Once all have come, every collective and
+    the store are bounded by `timeout_s`, so a rank that dies or hangs later still fails the
+    others within it.
+
     Args:
         size: W, the ranks of the launch (WORLD_SIZE).
         rank: this rank (RANK).
-        timeout_s: seconds every collective (and the rendezvous) waits for the other ranks.
+        timeout_s: seconds every collective waits for the other ranks.
         device: the run's device: gloo for cpu, nccl for cuda (each rank on cuda:LOCAL_RANK).
     """
     for name in ("MASTER_ADDR", "MASTER_PORT"):
@@ -139,11 +147,16 @@ def join_world(size: int, rank: int, timeout_s: float, device: torch.device) -> 
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         select_device(device)
+    start_s = max(timeout_s, START_TIMEOUT_S)
     try:
-        dist.init_process_group(backend=backend, store=_attempt_store(size, rank, timeout_s),
+        store = _attempt_store(size, rank, start_s)
+        _wait_for_ranks(store, size, start_s)
+        store.set_timeout(timedelta(seconds=timeout_s))  # (a store read after a rank hangs waits no longer)
+        dist.init_process_group(backend=backend, store=store,
                                 timeout=timedelta(seconds=timeout_s), world_size=size, rank=rank)
     except (RuntimeError, ValueError) as exc:
-        raise WorldError(f"could not join the other {size - 1} rank(s) within {timeout_s:g} s "
+        waited = start_s if "started" in str(exc) else timeout_s
+        raise WorldError(f"could not join the other {size - 1} rank(s) within {waited:g} s "
                          f"({first_line(exc)})") from None
     embedding = embedding_group(timeout_s)
     data = tuple(dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s)) for _ in range(2))
@@ -165,6 +178,21 @@ def _attempt_store(size: int, rank: int, timeout_s: float) -> dist.Store:
     return dist.PrefixStore(f"flowrec/attempt{attempt}/", store)
 
 
+def _wait_for_ranks(store: dist.Store, size: int, wait_s: float) -> None:
+    """Count this rank in at the store and wait until all `size` ranks have, polling, for at most
+    `wait_s` (RuntimeError saying how many started)."""
+    import time
+
+    arrived = store.add(STARTED_KEY, 1)
+    deadline = time.monotonic() + wait_s
+    while arrived < size:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{arrived} of {size} ranks started")
+        time.sleep(0.05)
+        arrived = store.add(STARTED_KEY, 0)
+
+
+STARTED_KEY = "flowrec-started"  # the ranks of this attempt that reached `join_world`
 STOP_KEY = "flowrec-stopped/"  # + rank: the exit status a rank stopped with on its own error
 
 
