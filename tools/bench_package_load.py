@@ -22,6 +22,15 @@ otherwise. `--table-rows N` caps every table's rows at N (the 1,000-field spec's
 need about that much memory per loaded copy; the program's graph, what the loads parse, is the
 same size).
 
+Beside the loads, the export's own steps that flowrec controls, alternating in the same way
+(`export` in the JSON):
+
+  serving_copied      `ServingModel` from the run's checkpoint (mapped, as `flowrec export`
+                      loads it; not timed) with every table copied (`mapped=False`, as before)
+  serving_in_place    the same with `mapped=True`: the mapped tables used in place
+
+The two ServingModels must hold the same tables.
+
 Usage: python tools/bench_package_load.py [--spec S] [--rows N] [--steps K] [--rounds R]
        [--table-rows N] [--out PATH]
 """
@@ -46,6 +55,7 @@ if str(REPO) not in sys.path:
 from flowrec.testing.benchargs import in_temp_folder, refuse_below_one  # noqa: E402
 
 VARIANTS = ("torch_export_load", "load_program", "load_program_no_memo", "load_model")
+EXPORT_VARIANTS = ("serving_copied", "serving_in_place")
 SMALL_SPEC = {"name": "package_load_small", "features": [
     {"name": "d0", "type": "dense", "transform": "log1p"},
     {"name": "d1", "type": "dense", "transform": "log1p"},
@@ -163,6 +173,21 @@ def _loaders(pkg: Path) -> dict[str, Callable[[], Any]]:
             "load_model": lambda: flowrec.load_model(pkg)}
 
 
+def _export_steps(run: Path) -> dict[str, Callable[[], Any]]:
+    """The export's steps, each a call returning (the figures of its timed part, what it made)."""
+    from flowrec.planner.contract import scoring_plan
+    from flowrec.serving.trained import ServingModel, load_trained
+
+    def serving(mapped: bool) -> Callable[[], Any]:
+        def build() -> Any:
+            trained = load_trained(run, "cpu", scoring_plan, mmap=True)  # (not timed)
+            figures, made = _timed(lambda: ServingModel(trained.spec, trained.model, mapped))
+            return figures, [t.detach() for t in made.tables]
+        return build
+
+    return {"serving_copied": serving(False), "serving_in_place": serving(True)}
+
+
 def _timed(load: Callable[[], Any]) -> tuple[dict[str, float], Any]:
     gc.collect()
     wall, cpu = time.perf_counter(), time.process_time()
@@ -220,13 +245,14 @@ def _run(a: argparse.Namespace, tmp: Path) -> dict:
             del made
         if len(set(shapes.values())) != 1:
             sys.exit("error: the program loads gave different graphs or range constraints")
+    export = _alternate_export(tmp / "run", a.rounds)
     median = {n: {k: statistics.median(x[k] for x in rs) for k in ("wall_s", "cpu_s")} for n, rs in runs.items()}
     median["first_predict"] = {k: statistics.median(x[k] for x in predicts) for k in ("wall_s", "cpu_s")}
     out = {
         "benchmark": "package_load", "spec": spec.name, "fields": len(spec.sparse_features),
         "table_rows": sum(t.rows for t in spec.tables), "rows": a.rows, "steps": a.steps, "rounds": a.rounds,
         "model_pt2_bytes": (pkg / "model.pt2").stat().st_size, "torch_threads": torch.get_num_threads(),
-        "same_graph": True, "median": median, "runs": {**runs, "first_predict": predicts},
+        "same_graph": True, "median": median, "runs": {**runs, "first_predict": predicts}, "export": export,
         "ratios": {f"{n}_wall_vs_load_program": median[n]["wall_s"] / median["load_program"]["wall_s"]
                    for n in ("torch_export_load", "load_program_no_memo")},
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(),
@@ -235,8 +261,34 @@ def _run(a: argparse.Namespace, tmp: Path) -> dict:
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(out, indent=2) + "\n")
-    print(json.dumps({k: out[k] for k in ("spec", "fields", "model_pt2_bytes", "median", "ratios")}, indent=2))
+    print(json.dumps({**{k: out[k] for k in ("spec", "fields", "model_pt2_bytes", "median", "ratios")},
+                      "export": export["median"]}, indent=2))
     return out
+
+
+def _alternate_export(run: Path, rounds: int) -> dict[str, Any]:
+    """The export's steps (`EXPORT_VARIANTS`), once untimed, then `rounds` rounds alternating:
+    medians and every round's figures; the two ServingModels' tables must agree each round."""
+    import torch
+
+    steps = _export_steps(run)
+    for name in EXPORT_VARIANTS:  # warm-up: not counted
+        steps[name]()
+    runs: dict[str, list[dict[str, float]]] = {n: [] for n in EXPORT_VARIANTS}
+    for r in range(rounds):
+        made = {}
+        for name in (EXPORT_VARIANTS if r % 2 == 0 else EXPORT_VARIANTS[::-1]):
+            gc.collect()
+            figures, made[name] = steps[name]()
+            runs[name].append(figures)
+            print(f"[export round {r + 1}/{rounds}] {name}: {figures['wall_s']:.2f} s wall, "
+                  f"{figures['cpu_s']:.2f} s CPU", file=sys.stderr)
+        copied, in_place = made["serving_copied"], made["serving_in_place"]
+        if len(copied) != len(in_place) or not all(map(torch.equal, copied, in_place)):
+            sys.exit("error: the two ServingModels hold different tables")
+        del made
+    median = {n: {k: statistics.median(x[k] for x in rs) for k in ("wall_s", "cpu_s")} for n, rs in runs.items()}
+    return {"median": median, "runs": runs}
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """tools/bench_package_load.py on a tiny spec, one round: the JSON it writes holds every variant's
-medians, each a positive, finite number of seconds (no timing is asserted)."""
+medians, the export's steps' too, each a positive, finite number of seconds (no timing is asserted)."""
 from __future__ import annotations
 
 import importlib.util
@@ -41,3 +41,8 @@ def test_the_package_load_benchmark_writes_every_variants_figures(tmp_path: Path
         assert all(math.isfinite(v) and v > 0 for v in median.values()), (name, median)
         assert len(figures["runs"][name]) == 1
     assert figures["model_pt2_bytes"] > 0 and len(figures["machine"]["load_average"]) == 3
+    export = figures["export"]  # the export's ServingModel (the tables agreed, or the tool stopped)
+    assert set(export["median"]) == {"serving_copied", "serving_in_place"}
+    for name, median in export["median"].items():
+        assert all(math.isfinite(median[k]) and median[k] > 0 for k in ("wall_s", "cpu_s")), (name, median)
+        assert len(export["runs"][name]) == 1
