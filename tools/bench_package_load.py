@@ -10,6 +10,9 @@ predict of one row.
   load_model          `flowrec.load_model(PKG)` whole: digests, archive check, `load_program`,
                       program checks, the program's module, encoder; then its first
                       `predict` of one raw row (`first_predict`)
+  load_model_samples_twice  the same, the example inputs the archive's check unpickled not
+                      handed to `load_program`: torch unpickles them a second time (as
+                      before serve9)
 
 Writes skewed synthetic raw rows of SPEC (zipf ids per categorical feature, log-normal dense
 values, a 0/1 label) as Parquet, converts them, trains a few steps on the CPU and exports a package
@@ -54,7 +57,7 @@ if str(REPO) not in sys.path:
 
 from flowrec.testing.benchargs import in_temp_folder, refuse_below_one  # noqa: E402
 
-VARIANTS = ("torch_export_load", "load_program", "load_program_no_memo", "load_model")
+VARIANTS = ("torch_export_load", "load_program", "load_program_no_memo", "load_model", "load_model_samples_twice")
 EXPORT_VARIANTS = ("serving_copied", "serving_in_place")
 SMALL_SPEC = {"name": "package_load_small", "features": [
     {"name": "d0", "type": "dense", "transform": "log1p"},
@@ -167,10 +170,21 @@ def _loaders(pkg: Path) -> dict[str, Callable[[], Any]]:
         finally:
             pt2_load._remembering_sympy = remembering
 
+    def samples_twice() -> Any:
+        from flowrec.serving import predict
+
+        plain = predict.load_program
+        predict.load_program = lambda path, checked=None: plain(path)  # the check's inputs not handed over
+        try:
+            return flowrec.load_model(pkg)
+        finally:
+            predict.load_program = plain
+
     return {"torch_export_load": lambda: torch.export.load(model),
             "load_program": lambda: pt2_load.load_program(model),
             "load_program_no_memo": no_memo,
-            "load_model": lambda: flowrec.load_model(pkg)}
+            "load_model": lambda: flowrec.load_model(pkg),
+            "load_model_samples_twice": samples_twice}
 
 
 def _export_steps(run: Path) -> dict[str, Callable[[], Any]]:
@@ -238,7 +252,7 @@ def _run(a: argparse.Namespace, tmp: Path) -> dict:
             runs[name].append(figures)
             if name == "load_model":
                 predicts.append(_first_predict(made, row))
-            else:
+            elif name != "load_model_samples_twice":
                 shapes[name] = _shape(made)
             print(f"[round {r + 1}/{a.rounds}] {name}: {figures['wall_s']:.2f} s wall, {figures['cpu_s']:.2f} s CPU",
                   file=sys.stderr)

@@ -35,7 +35,7 @@ def test_the_package_load_benchmark_writes_every_variants_figures(tmp_path: Path
     figures = json.loads(out.read_text())
     assert figures["spec"] == "bench_load_tiny" and figures["fields"] == 3 and figures["same_graph"] is True
     assert set(figures["median"]) == {"torch_export_load", "load_program", "load_program_no_memo", "load_model",
-                                      "first_predict"}
+                                      "load_model_samples_twice", "first_predict"}
     for name, median in figures["median"].items():
         assert set(median) == {"wall_s", "cpu_s"}, name
         assert all(math.isfinite(v) and v > 0 for v in median.values()), (name, median)
