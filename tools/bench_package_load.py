@@ -10,6 +10,9 @@ predict of one row.
   load_model          `flowrec.load_model(PKG)` whole: digests, archive check, `load_program`,
                       program checks, the program's module, encoder; then its first
                       `predict` of one raw row (`first_predict`)
+  load_model_samples_twice  the same, the example inputs the archive's check unpickled not
+                      handed to `load_program`: torch unpickles them a second time (as
+                      before serve9)
 
 Writes skewed synthetic raw rows of SPEC (zipf ids per categorical feature, log-normal dense
 values, a 0/1 label) as Parquet, converts them, trains a few steps on the CPU and exports a package
@@ -21,6 +24,15 @@ loads must give the same graph and range constraints: the benchmark stops with a
 otherwise. `--table-rows N` caps every table's rows at N (the 1,000-field spec's 3.9 GB of tables
 need about that much memory per loaded copy; the program's graph, what the loads parse, is the
 same size).
+
+Beside the loads, the export's own steps that flowrec controls, alternating in the same way
+(`export` in the JSON):
+
+  serving_copied      `ServingModel` from the run's checkpoint (mapped, as `flowrec export`
+                      loads it; not timed) with every table copied (`mapped=False`, as before)
+  serving_in_place    the same with `mapped=True`: the mapped tables used in place
+
+The two ServingModels must hold the same tables.
 
 Usage: python tools/bench_package_load.py [--spec S] [--rows N] [--steps K] [--rounds R]
        [--table-rows N] [--out PATH]
@@ -45,7 +57,8 @@ if str(REPO) not in sys.path:
 
 from flowrec.testing.benchargs import in_temp_folder, refuse_below_one  # noqa: E402
 
-VARIANTS = ("torch_export_load", "load_program", "load_program_no_memo", "load_model")
+VARIANTS = ("torch_export_load", "load_program", "load_program_no_memo", "load_model", "load_model_samples_twice")
+EXPORT_VARIANTS = ("serving_copied", "serving_in_place")
 SMALL_SPEC = {"name": "package_load_small", "features": [
     {"name": "d0", "type": "dense", "transform": "log1p"},
     {"name": "d1", "type": "dense", "transform": "log1p"},
@@ -157,10 +170,36 @@ def _loaders(pkg: Path) -> dict[str, Callable[[], Any]]:
         finally:
             pt2_load._remembering_sympy = remembering
 
+    def samples_twice() -> Any:
+        from flowrec.serving import predict
+
+        plain = predict.load_program
+        predict.load_program = lambda path, checked=None: plain(path)  # the check's inputs not handed over
+        try:
+            return flowrec.load_model(pkg)
+        finally:
+            predict.load_program = plain
+
     return {"torch_export_load": lambda: torch.export.load(model),
             "load_program": lambda: pt2_load.load_program(model),
             "load_program_no_memo": no_memo,
-            "load_model": lambda: flowrec.load_model(pkg)}
+            "load_model": lambda: flowrec.load_model(pkg),
+            "load_model_samples_twice": samples_twice}
+
+
+def _export_steps(run: Path) -> dict[str, Callable[[], Any]]:
+    """The export's steps, each a call returning (the figures of its timed part, what it made)."""
+    from flowrec.planner.contract import scoring_plan
+    from flowrec.serving.trained import ServingModel, load_trained
+
+    def serving(mapped: bool) -> Callable[[], Any]:
+        def build() -> Any:
+            trained = load_trained(run, "cpu", scoring_plan, mmap=True)  # (not timed)
+            figures, made = _timed(lambda: ServingModel(trained.spec, trained.model, mapped))
+            return figures, [t.detach() for t in made.tables]
+        return build
+
+    return {"serving_copied": serving(False), "serving_in_place": serving(True)}
 
 
 def _timed(load: Callable[[], Any]) -> tuple[dict[str, float], Any]:
@@ -213,20 +252,21 @@ def _run(a: argparse.Namespace, tmp: Path) -> dict:
             runs[name].append(figures)
             if name == "load_model":
                 predicts.append(_first_predict(made, row))
-            else:
+            elif name != "load_model_samples_twice":
                 shapes[name] = _shape(made)
             print(f"[round {r + 1}/{a.rounds}] {name}: {figures['wall_s']:.2f} s wall, {figures['cpu_s']:.2f} s CPU",
                   file=sys.stderr)
             del made
         if len(set(shapes.values())) != 1:
             sys.exit("error: the program loads gave different graphs or range constraints")
+    export = _alternate_export(tmp / "run", a.rounds)
     median = {n: {k: statistics.median(x[k] for x in rs) for k in ("wall_s", "cpu_s")} for n, rs in runs.items()}
     median["first_predict"] = {k: statistics.median(x[k] for x in predicts) for k in ("wall_s", "cpu_s")}
     out = {
         "benchmark": "package_load", "spec": spec.name, "fields": len(spec.sparse_features),
         "table_rows": sum(t.rows for t in spec.tables), "rows": a.rows, "steps": a.steps, "rounds": a.rounds,
         "model_pt2_bytes": (pkg / "model.pt2").stat().st_size, "torch_threads": torch.get_num_threads(),
-        "same_graph": True, "median": median, "runs": {**runs, "first_predict": predicts},
+        "same_graph": True, "median": median, "runs": {**runs, "first_predict": predicts}, "export": export,
         "ratios": {f"{n}_wall_vs_load_program": median[n]["wall_s"] / median["load_program"]["wall_s"]
                    for n in ("torch_export_load", "load_program_no_memo")},
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(),
@@ -235,8 +275,34 @@ def _run(a: argparse.Namespace, tmp: Path) -> dict:
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(out, indent=2) + "\n")
-    print(json.dumps({k: out[k] for k in ("spec", "fields", "model_pt2_bytes", "median", "ratios")}, indent=2))
+    print(json.dumps({**{k: out[k] for k in ("spec", "fields", "model_pt2_bytes", "median", "ratios")},
+                      "export": export["median"]}, indent=2))
     return out
+
+
+def _alternate_export(run: Path, rounds: int) -> dict[str, Any]:
+    """The export's steps (`EXPORT_VARIANTS`), once untimed, then `rounds` rounds alternating:
+    medians and every round's figures; the two ServingModels' tables must agree each round."""
+    import torch
+
+    steps = _export_steps(run)
+    for name in EXPORT_VARIANTS:  # warm-up: not counted
+        steps[name]()
+    runs: dict[str, list[dict[str, float]]] = {n: [] for n in EXPORT_VARIANTS}
+    for r in range(rounds):
+        made = {}
+        for name in (EXPORT_VARIANTS if r % 2 == 0 else EXPORT_VARIANTS[::-1]):
+            gc.collect()
+            figures, made[name] = steps[name]()
+            runs[name].append(figures)
+            print(f"[export round {r + 1}/{rounds}] {name}: {figures['wall_s']:.2f} s wall, "
+                  f"{figures['cpu_s']:.2f} s CPU", file=sys.stderr)
+        copied, in_place = made["serving_copied"], made["serving_in_place"]
+        if len(copied) != len(in_place) or not all(map(torch.equal, copied, in_place)):
+            sys.exit("error: the two ServingModels hold different tables")
+        del made
+    median = {n: {k: statistics.median(x[k] for x in rs) for k in ("wall_s", "cpu_s")} for n, rs in runs.items()}
+    return {"median": median, "runs": runs}
 
 
 if __name__ == "__main__":

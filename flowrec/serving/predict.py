@@ -380,9 +380,9 @@ def _load_model(path: Path) -> LoadedModel:
         raise ValueError(str(exc)) from None
     if record.fingerprint != manifest.get("encoder_fingerprint"):
         raise ValueError(f"{path}: encoder.json does not match the manifest's encoder fingerprint")
-    check_archive(path / MODEL_FILE)
+    checked = check_archive(path / MODEL_FILE)
     try:
-        exported = load_program(path / MODEL_FILE)
+        exported = load_program(path / MODEL_FILE, checked)  # (its example inputs unpickled once, by the check)
     except Exception as exc:  # any failure to read the program is a damaged package
         raise ValueError(f"{path / MODEL_FILE} is not a usable exported program ({type(exc).__name__})") from None
     items = None
@@ -422,9 +422,9 @@ def _heads_program(path: Path, manifest: dict[str, Any], spec: ModelSpec,
         raise ValueError(f"{path}: the manifest's retrieval heads entry does not name the heads beside the "
                          f"retrieval head ({[h.name for h in others]}) and {HEADS_FILE}; export the run again")
     require_listed(path, manifest, [HEADS_FILE])
-    check_archive(path / HEADS_FILE)
+    checked = check_archive(path / HEADS_FILE)
     try:
-        exported = load_program(path / HEADS_FILE)
+        exported = load_program(path / HEADS_FILE, checked)
     except Exception as exc:
         raise ValueError(f"{path / HEADS_FILE} is not a usable exported program ({type(exc).__name__})") from None
     check_program(exported, spec, [f.name for f in spec.sparse_features], sum(h.width for h in others),

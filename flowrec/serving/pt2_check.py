@@ -20,6 +20,7 @@ import ast
 import io
 import re
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -73,10 +74,20 @@ class ArchiveError(ValueError):
     """A model.pt2 that flowrec will not hand to torch; the message is one line."""
 
 
-def check_archive(path: Path) -> None:
+@dataclass(frozen=True)
+class CheckedArchive:
+    """What `check_archive` read of an archive that torch reads again: the example inputs' record
+    and what the safe unpickler made of it (None when the archive holds none)."""
+
+    sample_record: bytes | None = None
+    sample_inputs: Any = None
+
+
+def check_archive(path: Path) -> CheckedArchive:
     """Raise ArchiveError unless `path` is a readable pt2 archive of plain tensors and ATen ops.
 
     Nothing in the archive is unpickled (except example inputs, by the safe unpickler) or run.
+    Returns the example inputs it unpickled, for `flowrec.serving.pt2_load.load_program`.
     """
     path = Path(path)
     try:
@@ -92,7 +103,7 @@ def check_archive(path: Path) -> None:
         for config in RECORDS:
             _check_records(_json(archive, names, config, MAX_CONFIG_BYTES, path), config, path)
         _check_program(_json(archive, names, PROGRAM, MAX_PROGRAM_BYTES, path), path)
-        _check_sample_inputs(archive, names, path)
+        return _check_sample_inputs(archive, names, path)
 
 
 def _entries(archive: zipfile.ZipFile, path: Path) -> dict[str, zipfile.ZipInfo]:
@@ -221,15 +232,17 @@ def _bad_guard_node(node: ast.AST) -> bool:
     return False
 
 
-def _check_sample_inputs(archive: zipfile.ZipFile, names: dict[str, zipfile.ZipInfo], path: Path) -> None:
+def _check_sample_inputs(archive: zipfile.ZipFile, names: dict[str, zipfile.ZipInfo], path: Path) -> CheckedArchive:
     """The example inputs must load with the safe unpickler (torch retries without it otherwise)."""
     info = names.get(SAMPLE_INPUTS)
     if info is None or info.file_size == 0:
-        return
+        return CheckedArchive()
     if info.file_size > MAX_SAMPLE_BYTES:
         raise ArchiveError(f"{path}: {SAMPLE_INPUTS} is larger than {MAX_SAMPLE_BYTES >> 20} MiB")
+    record = archive.read(info)
     try:
-        torch.load(io.BytesIO(archive.read(info)), weights_only=True)
+        inputs = torch.load(io.BytesIO(record), weights_only=True)
     except Exception as exc:  # any refusal of the safe unpickler: torch would unpickle it unsafely
         raise ArchiveError(f"{path}: its example inputs need pickle to load ({type(exc).__name__}); "
                            "refused without loading them") from None
+    return CheckedArchive(record, inputs)

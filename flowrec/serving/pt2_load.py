@@ -15,6 +15,11 @@ same text with the same objects behind its names is the same expression; sympy's
 never change). Where this torch lacks the private module, `load_program` is plain
 `torch.export.load`.
 
+torch also unpickles the archive's example inputs (2,001 tensors for a 1,000-field program), which
+`check_archive` has just unpickled the same way (`torch.load(weights_only=True)`, torch's own
+first try) to check them: given what the check made of them (`CheckedArchive`), `load_program`
+hands torch that object for a record of the same bytes instead of unpickling it a second time.
+
 The archive must have been checked first (`flowrec.serving.pt2_check.check_archive`): this
 changes how fast torch reads it, nothing of what torch reads or runs.
 
@@ -29,10 +34,12 @@ import types
 import typing
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import sympy
 import torch
+
+from flowrec.serving.pt2_check import CheckedArchive
 
 try:  # private: checked below, with a fallback
     from torch._export.serde import serialize as _serialize
@@ -42,21 +49,38 @@ except ImportError:  # another torch
 _PATCH_LOCK = threading.Lock()  # the replacement is module-wide while it lasts
 
 
-def load_program(path: Path) -> torch.export.ExportedProgram:
-    """`torch.export.load(path)`, each schema class's type hints looked up once."""
+def load_program(path: Path, checked: CheckedArchive | None = None) -> torch.export.ExportedProgram:
+    """`torch.export.load(path)`, each schema class's type hints looked up once (`checked`: what
+    `check_archive(path)` returned, whose example inputs torch then does not unpickle again)."""
     if getattr(_serialize, "typing", None) is not typing or getattr(_serialize, "sympy", None) is not sympy:
         return torch.export.load(path)  # another torch: as it is
-    with _PATCH_LOCK, _remembered():
+    with _PATCH_LOCK, _remembered(checked or CheckedArchive()):
         return torch.export.load(path)
 
 
 @contextmanager
-def _remembered() -> Iterator[None]:
+def _remembered(checked: CheckedArchive) -> Iterator[None]:
+    artifact = getattr(_serialize, "deserialize_torch_artifact", None)  # (another torch: unpickled again)
     _serialize.typing, _serialize.sympy = _remembering_typing(), _remembering_sympy()
+    if artifact is not None:
+        _serialize.deserialize_torch_artifact = _checked_artifact(artifact, checked)
     try:
         yield
     finally:
         _serialize.typing, _serialize.sympy = typing, sympy
+        if artifact is not None:
+            _serialize.deserialize_torch_artifact = artifact
+
+
+def _checked_artifact(artifact: Callable[[Any], Any], checked: CheckedArchive) -> Callable[[Any], Any]:
+    """torch's ``deserialize_torch_artifact``, answering the checked example inputs' record (the
+    same bytes) with what `check_archive` unpickled of it."""
+    def deserialize_torch_artifact(serialized: Any) -> Any:
+        if checked.sample_record is not None and isinstance(serialized, bytes) and serialized == checked.sample_record:
+            return checked.sample_inputs
+        return artifact(serialized)
+
+    return deserialize_torch_artifact
 
 
 def _remembering_typing() -> types.SimpleNamespace:

@@ -1,5 +1,5 @@
 """tools/bench_package_load.py on a tiny spec, one round: the JSON it writes holds every variant's
-medians, each a positive, finite number of seconds (no timing is asserted)."""
+medians, the export's steps' too, each a positive, finite number of seconds (no timing is asserted)."""
 from __future__ import annotations
 
 import importlib.util
@@ -35,9 +35,14 @@ def test_the_package_load_benchmark_writes_every_variants_figures(tmp_path: Path
     figures = json.loads(out.read_text())
     assert figures["spec"] == "bench_load_tiny" and figures["fields"] == 3 and figures["same_graph"] is True
     assert set(figures["median"]) == {"torch_export_load", "load_program", "load_program_no_memo", "load_model",
-                                      "first_predict"}
+                                      "load_model_samples_twice", "first_predict"}
     for name, median in figures["median"].items():
         assert set(median) == {"wall_s", "cpu_s"}, name
         assert all(math.isfinite(v) and v > 0 for v in median.values()), (name, median)
         assert len(figures["runs"][name]) == 1
     assert figures["model_pt2_bytes"] > 0 and len(figures["machine"]["load_average"]) == 3
+    export = figures["export"]  # the export's ServingModel (the tables agreed, or the tool stopped)
+    assert set(export["median"]) == {"serving_copied", "serving_in_place"}
+    for name, median in export["median"].items():
+        assert all(math.isfinite(median[k]) and median[k] > 0 for k in ("wall_s", "cpu_s")), (name, median)
+        assert len(export["runs"][name]) == 1

@@ -119,6 +119,38 @@ def test_load_program_reads_the_program_torch_reads_and_leaves_torch_as_it_was(t
                                torchs.module()(dense, sparse), rtol=0, atol=0)
 
 
+def test_the_example_inputs_the_check_unpickled_are_not_unpickled_again(tmp_path: Path, monkeypatch):
+    """`check_archive` unpickles model.pt2's example inputs to check them (2,001 tensors for a
+    1,000-field program) and torch unpickled them once more; `load_program` hands torch the
+    check's object for a record of the same bytes, and the program is the one torch loads."""
+    from torch._export.serde import serialize
+
+    from flowrec.serving import pt2_check
+
+    torch.export.save(_export(model=_Model()), tmp_path / "model.pt2")
+    unpickled: list[int] = []
+    plain = torch.load
+    monkeypatch.setattr(torch, "load", lambda f, *a, **k: (unpickled.append(1), plain(f, *a, **k))[1])
+    checked = pt2_check.check_archive(tmp_path / "model.pt2")
+    assert len(unpickled) == 1 and checked.sample_record is not None
+    ours = load_program(tmp_path / "model.pt2", checked)
+    assert len(unpickled) == 1  # torch unpickled them a second time before
+    assert serialize.deserialize_torch_artifact.__module__ == serialize.__name__  # torch's own again
+    monkeypatch.setattr(torch, "load", plain)
+    torchs = torch.export.load(tmp_path / "model.pt2")
+    (args, kwargs), (targs, tkwargs) = ours.example_inputs, torchs.example_inputs
+    assert kwargs == tkwargs == {} and len(args) == len(targs) == 2
+    assert torch.equal(args[0], targs[0]) and args[1].keys() == targs[1].keys()
+    assert all(torch.equal(a, b) for k in args[1] for a, b in zip(args[1][k], targs[1][k]))
+    dense, sparse = _inputs(ROWS, int(np.random.default_rng().integers(1 << 30)))
+    torch.testing.assert_close(program_module(ours, tmp_path / "model.pt2", ROWS)(dense, sparse),
+                               torchs.module()(dense, sparse), rtol=0, atol=0)
+    other = pt2_check.CheckedArchive(checked.sample_record + b"x", checked.sample_inputs)  # another record's bytes
+    monkeypatch.setattr(torch, "load", lambda f, *a, **k: (unpickled.append(1), plain(f, *a, **k))[1])
+    load_program(tmp_path / "model.pt2", other)
+    assert len(unpickled) == 2  # unpickled by torch: only the same bytes are answered
+
+
 def test_sympify_remembered_answers_what_sympys_parser_answers_now():
     """`load_program` parses each symbolic size's text once: the same text gives sympy's own
     expression whenever the names it reads map to the same objects, and a new parse when not."""
