@@ -10,6 +10,8 @@ right form) are made against the model lowered on the meta device, no table draw
 Where the answer is not sure, `finished_run` says nothing (None) and the run is loaded as before,
 which says what is wrong in its own words: a checkpoint that does not fit the model, a spec with
 custom modules (user code), a run of several ranks, or anything unexpected on the meta device.
+`FLOWREC_RESUME_FULL_LOAD=1` asks for that load always (the path before af9be63c, which
+`tools/bench_resume.py` times against this one; docs/runs.md).
 
 Example:
     >>> done = finished_run(state, spec, plan, settings, folder / "checkpoint.pt")  # doctest: +SKIP
@@ -17,6 +19,7 @@ Example:
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,6 +27,22 @@ from typing import Any
 
 from flowrec.graph.types import Plan
 from flowrec.spec.model import ModelSpec
+
+FULL_LOAD_ENV = "FLOWREC_RESUME_FULL_LOAD"  # "1": a finished run is loaded whole to be told finished
+
+
+def full_load_asked() -> bool:
+    """Whether `FLOWREC_RESUME_FULL_LOAD` asks that a finished run be loaded whole (its data read,
+    its model built, its tables loaded) to be told finished: "1" yes, "0" or unset no.
+
+    Raises:
+        ValueError: any other value, in one line naming the variable.
+    """
+    value = os.environ.get(FULL_LOAD_ENV, "").strip()
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{FULL_LOAD_ENV} must be 1 (a finished run is loaded whole to be told finished, as "
+                         f"before the checkpoint told it) or 0, not {value!r}")
+    return value == "1"
 
 
 @dataclass(frozen=True)
@@ -52,6 +71,8 @@ def finished_run(state: dict[str, Any], spec: ModelSpec, plan: Plan, settings: d
     from flowrec.runtime.evaluation.early_stop import EarlyStopper
     from flowrec.runtime.trainer import Position
 
+    if full_load_asked():
+        return None  # the full load asked for (FLOWREC_RESUME_FULL_LOAD=1)
     if any(m.kind == "custom" for m in spec.modules):
         return None  # a custom module's own code builds and loads it: the full load runs it once
     epochs = settings["epochs"] if settings.get("epochs") is not None else spec.training.epochs
