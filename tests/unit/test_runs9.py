@@ -7,6 +7,7 @@ import json
 import random
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from flowrec.cli import app
@@ -74,3 +75,96 @@ def test_a_bad_full_load_switch_is_one_line_before_anything_is_read(tmp_path: Pa
     assert result.exit_code == 2, result.output
     assert _last_line(result).startswith("error: FLOWREC_RESUME_FULL_LOAD") and repr(value) in _last_line(result)
     assert "Traceback" not in result.output and not run.exists()
+
+
+def _launches(monkeypatch, status: int | None = None) -> list[int]:
+    """torch's launcher replaced: the ranks of each launch recorded; `status` its exit status (None:
+    a launch fails the test)."""
+    import flowrec.cli.ranks as ranks
+
+    launched: list[int] = []
+
+    def launch(nproc, *_a, **_k):
+        if status is None:
+            raise AssertionError("the ranks were launched")
+        launched.append(nproc)
+        return status
+
+    monkeypatch.setattr(ranks, "launch_ranks", launch)
+    return launched
+
+
+@pytest.mark.parametrize("how", ["epochs", "max_steps"])
+def test_a_finished_runs_nproc_resume_is_said_before_any_rank_starts(tmp_path: Path, monkeypatch, how: str) -> None:
+    """`train --resume RUN --nproc 2` of a finished run launched two ranks that each read the run's
+    data and built its model (13.6 s of CPU for a tiny run) to say it is finished; its checkpoint
+    says it before any rank starts, in the line and --json document of one process, status 0."""
+    monkeypatch.chdir(tmp_path)
+    spec, run = _spec(tmp_path), tmp_path / "run"
+    extra = ["--epochs", str(random.randint(1, 3))] if how == "epochs" else ["--max-steps", str(random.randint(1, 4))]
+    _train(spec, run, *extra)
+    one = _resume(spec, run)
+    assert one.exit_code == 0 and "is finished" in _last_line(one), one.output
+    _launches(monkeypatch)
+    ranks = _resume(spec, run, "--nproc", "2", "--dist-timeout", "60")
+    assert ranks.exit_code == 0, ranks.output
+    assert _last_line(ranks) == _last_line(one) and json.loads(ranks.stdout) == json.loads(one.stdout)
+    assert "launching" not in ranks.stderr and ranks.stderr.count("is finished") == 1, ranks.stderr
+
+
+def _reshape_a_table(run: Path) -> None:
+    import torch
+
+    from flowrec.runtime.checkpoint import store as ckpt
+
+    state = ckpt.load_checkpoint(run)
+    state.pop("digest")
+    key = next(k for k in state["model"] if k.endswith(".weight"))
+    state["model"][key] = torch.rand(3, 3)
+    ckpt.save_checkpoint(run / "checkpoint.pt", state)
+
+
+@pytest.mark.parametrize("case", ["not_finished", "another_seed", "does_not_fit", "damaged_run_json"])
+def test_an_nproc_resume_its_checkpoint_cannot_answer_launches_the_ranks_saying_nothing_first(
+        tmp_path: Path, monkeypatch, case: str) -> None:
+    """Where the checkpoint cannot say the run is finished (it is not, the command is refused, the
+    checkpoint does not fit, run.json is damaged), `--resume RUN --nproc 2` launches the ranks as
+    before, and this process says nothing of its own first (the ranks say it, rank 0's line)."""
+    monkeypatch.chdir(tmp_path)
+    spec, run = _spec(tmp_path), tmp_path / "run"
+    steps = random.randint(1, 3)
+    _train(spec, run, "--max-steps", str(steps))
+    extra = {"not_finished": ["--max-steps", str(steps + random.randint(1, 5))],
+             "another_seed": ["--seed", str(random.randint(10**6 + 1, 10**7))]}.get(case, [])
+    if case == "does_not_fit":
+        _reshape_a_table(run)
+    if case == "damaged_run_json":
+        (run / "run.json").write_text((run / "run.json").read_text()[:random.randint(1, 30)])
+    status = random.choice([0, 2])
+    launched = _launches(monkeypatch, status)
+    result = _resume(spec, run, "--nproc", "2", "--dist-timeout", "60", *extra)
+    assert launched == [2] and result.exit_code == status, result.output
+    said = result.stderr.strip().splitlines()
+    assert said and said[0].startswith("launching 2 ranks") and len(said) == 1, result.stderr
+    assert result.stdout == ""
+
+
+def test_a_run_trained_on_two_ranks_resumed_on_two_is_said_finished_from_its_shards(tmp_path: Path) -> None:
+    """A run trained by `--nproc 2` (its tables in the shards of each rank) resumed with `--nproc 2`:
+    said finished from its checkpoint, its shards fitted by shape and dtype, no rank launched; the
+    line and --json document of one process, status 0 (gloo on CPU, torch's launcher picks the port)."""
+    from flowrec.testing.ranks import run_flowrec
+
+    root = Path(__file__).resolve().parents[2]
+    spec, run = _spec(tmp_path), tmp_path / "run"
+    common = ("--dist-timeout", "60")
+    done = run_flowrec("train", str(spec), "--out", str(run), "-q", "--device", "cpu", "--rows",
+                       str(random.randint(150, 400)), "--nproc", "2", *common, cwd=tmp_path, root=root, timeout_s=300)
+    assert done.returncode == 0 and (run / "checkpoint.shards").is_dir(), done.stderr[-3000:]
+    one = run_flowrec("train", str(spec), "--resume", str(run), "--json", cwd=tmp_path, root=root, timeout_s=300)
+    ranks = run_flowrec("train", str(spec), "--resume", str(run), "--json", "--nproc", "2", *common, cwd=tmp_path,
+                        root=root, timeout_s=300)
+    assert one.returncode == ranks.returncode == 0, (one.stderr[-2000:], ranks.stderr[-2000:])
+    assert ranks.stderr.strip().splitlines()[-1] == one.stderr.strip().splitlines()[-1]
+    assert "is finished" in ranks.stderr and "launching" not in ranks.stderr, ranks.stderr
+    assert json.loads(ranks.stdout) == json.loads(one.stdout) and json.loads(one.stdout)["finished"] is True
