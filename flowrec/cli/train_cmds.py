@@ -54,11 +54,11 @@ class RunRequest:
     dist_timeout: float = 300.0
     continue_command: str | None = None  # what continues an interrupted run (a --follow stream's own command)
     json_lines: bool = False  # --json as one line per run (each day of a --follow stream)
-    launching: int = 0  # N: only say a finished run, before launching N ranks (`_finished_before_launch`)
+    finished_only: int = 0  # N >= 1: only say a finished run, for N ranks (`_said_if_finished`); else _Unanswered
 
 
-class _RanksDecide(Exception):
-    """A resume this process cannot answer before launching its ranks: they load the run as before."""
+class _Unanswered(Exception):
+    """A resume not said finished from its checkpoint where only that was asked (`finished_only`)."""
 
 
 def train(
@@ -242,19 +242,27 @@ def _finished_before_launch(request: RunRequest, spec, nproc: int) -> bool:
     for one process). Only where the run looks finished (`looks_finished`: no digest) and the
     checkpoint's answer is sure (`finished_run`); anything else, a refusal included, is left to the
     ranks as before, the lines this process would have said unsaid."""
-    import io
-    from contextlib import redirect_stderr
     from dataclasses import replace
 
     from flowrec.runs.finished import looks_finished
 
     if any(m.kind == "custom" for m in spec.modules) or not looks_finished(request.resume, request.given, spec):
         return False
+    return _said_if_finished(lambda: run_training(replace(request, finished_only=nproc)))
+
+
+def _said_if_finished(resume) -> bool:
+    """Run `resume` (a `--resume` with `finished_only` set): True where it said the run is finished,
+    its lines then written out; False for anything else (`_Unanswered`, a refusal, any error), its
+    lines unsaid, so the caller goes on as it would have (the ranks, or the lock's line, say it)."""
+    import io
+    from contextlib import redirect_stderr
+
     said = io.StringIO()
     try:
         with redirect_stderr(said):
-            run_training(replace(request, launching=nproc))
-    except Exception:  # noqa: BLE001 - _RanksDecide, a refusal (typer.Exit), anything: the ranks say it
+            resume()
+    except Exception:  # noqa: BLE001 - _Unanswered, a refusal (typer.Exit), anything: said elsewhere as before
         return False
     sys.stderr.write(said.getvalue())
     return True
@@ -445,6 +453,8 @@ def run_training(request: RunRequest) -> None:
     try:
         folder, lock = _claim_folder(request, spec.name)
     except RunFolderError as exc:
+        if request.resume is not None and _finished_in_read_only(request, spec):
+            return
         fail(str(exc))
     refused = False
     try:
@@ -454,6 +464,25 @@ def run_training(request: RunRequest) -> None:
         raise
     finally:
         lock.release_as_found(found, refused)
+
+
+def _finished_in_read_only(request: RunRequest, spec) -> bool:
+    """`--resume RUN` of a finished run in a folder this process cannot write (an archived run, a
+    read-only mount), whose lock cannot be made there: said from its checkpoint as in a folder it
+    can lock (nothing is written, and nobody writes in a read-only folder meanwhile). False where the
+    folder is writable, holds no run.json, or the run is not said finished: the lock's line stands."""
+    import os
+    from dataclasses import replace
+
+    from flowrec.runs.finished import looks_finished
+    from flowrec.runtime.rundir import RUN_FILE
+
+    folder = request.resume
+    if os.access(folder, os.W_OK) or not (folder / RUN_FILE).is_file() or any(m.kind == "custom" for m in spec.modules) \
+            or not looks_finished(folder, request.given, spec):
+        return False
+    only = replace(request, finished_only=max(request.finished_only, 1))
+    return _said_if_finished(lambda: _train_in(only, spec, folder))
 
 
 def _run_folder(given: Path | None) -> Path | None:
@@ -633,7 +662,7 @@ def _train_in_folder(request: RunRequest, spec, folder: Path, world=None) -> Non
         recorded = read_run_file(folder) if resuming else None
         # the checkpoint is mapped, not read into memory (a finished run's answer copies no table), and
         # ranks copy only their rows (no rank assembles whole tables)
-        ranks = world is not None or request.launching > 0
+        ranks = world is not None or request.finished_only > 0
         state = load_checkpoint(folder / CHECKPOINT_NAME, mmap=True, lazy_shards=ranks) if has_checkpoint else None
     except (RunFolderError, CheckpointError) as exc:
         problem = str(exc)
@@ -801,10 +830,12 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     from flowrec.spec.load import to_dict
     from flowrec.spec.model import identity_doc
 
+    if request.finished_only and state is None:
+        raise _Unanswered()  # no checkpoint: nothing to say finished
     plan_file = Path(settings["plan"]) if settings.get("plan") and state is None else None
     profile = Path(settings["profile"]) if settings.get("profile") else None
     parent = _parent_or_exit(settings) if state is None else None
-    ranks = world.size if world is not None else max(request.launching, 1)
+    ranks = world.size if world is not None else max(request.finished_only, 1)
     if state is not None:  # a resumed run continues with the plan it was trained with, unchanged
         device = device_for_run(spec, settings["device"] or "auto")
         plan = _for_ranks(_stored_plan_or_exit(state, folder, spec, world=world), spec, ranks)
@@ -826,8 +857,8 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
             _refuse(_spec_changed_line(request.spec_path, folder, state, trained), world)
         if world is None and _said_finished(request, folder, state, spec, plan, settings):
             return  # told from its checkpoint, before its data is read and its model built
-        if request.launching:
-            raise _RanksDecide()
+        if request.finished_only:
+            raise _Unanswered()
 
     preparing = [False]  # rank 0 between `before` and `after`: the others wait to learn how its data went
 

@@ -168,3 +168,53 @@ def test_a_run_trained_on_two_ranks_resumed_on_two_is_said_finished_from_its_sha
     assert ranks.stderr.strip().splitlines()[-1] == one.stderr.strip().splitlines()[-1]
     assert "is finished" in ranks.stderr and "launching" not in ranks.stderr, ranks.stderr
     assert json.loads(ranks.stdout) == json.loads(one.stdout) and json.loads(one.stdout)["finished"] is True
+
+
+def _read_only(run: Path, monkeypatch) -> None:
+    """Make the run folder read-only: its modes (real for a user); for root, whom modes do not stop,
+    the folder's lock and write check fail as a read-only mount makes them fail."""
+    import os
+
+    from flowrec.runtime.rundir import RunFolderError, RunLock
+
+    for path in [run, *run.rglob("*")]:
+        path.chmod(path.stat().st_mode & ~0o222)
+    if os.geteuid() != 0:
+        return
+    access = os.access
+
+    def acquire(cls, folder, *a, **k):
+        raise RunFolderError(f"cannot lock run folder {folder}: Read-only file system")
+
+    monkeypatch.setattr(RunLock, "acquire", classmethod(acquire))
+    monkeypatch.setattr(os, "access", lambda p, mode, *a, **k: False if Path(p) == run and mode & os.W_OK
+                        else access(p, mode, *a, **k))
+
+
+def _contents(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_finished_run_in_a_read_only_folder_is_said_finished(tmp_path: Path, monkeypatch) -> None:
+    """`--resume RUN` of a finished run in a folder that cannot be written (an archived run, a
+    read-only mount) said only 'cannot lock run folder RUN: Read-only file system', exit 2; it
+    writes nothing, so it is said finished from its checkpoint, the line and --json document of a
+    writable folder; a resume that would train still gets the lock's line."""
+    monkeypatch.chdir(tmp_path)
+    spec, run = _spec(tmp_path), tmp_path / "run"
+    _train(spec, run, "--epochs", str(random.randint(1, 2)))
+    writable = _resume(spec, run)
+    assert writable.exit_code == 0 and "is finished" in _last_line(writable), writable.output
+    before = _contents(run)
+    _read_only(run, monkeypatch)
+    try:
+        told = _resume(spec, run)
+        further = _resume(spec, run, "--epochs", "9")
+    finally:
+        for path in [run, *run.rglob("*")]:
+            path.chmod(path.stat().st_mode | 0o200)
+    assert told.exit_code == 0, told.output
+    assert _last_line(told) == _last_line(writable) and json.loads(told.stdout) == json.loads(writable.stdout)
+    assert further.exit_code == 2 and _last_line(further).startswith(f"error: cannot lock run folder {run}"), \
+        further.output
+    assert "Traceback" not in told.output + further.output and _contents(run) == before
