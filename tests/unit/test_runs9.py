@@ -218,3 +218,26 @@ def test_a_finished_run_in_a_read_only_folder_is_said_finished(tmp_path: Path, m
     assert further.exit_code == 2 and _last_line(further).startswith(f"error: cannot lock run folder {run}"), \
         further.output
     assert "Traceback" not in told.output + further.output and _contents(run) == before
+
+
+@pytest.mark.parametrize("trained_on", ["dataset", "synthetic"])
+def test_eval_of_a_run_whose_run_json_is_gone_says_so_not_that_it_trained_on_synthetic_rows(
+        tmp_path: Path, monkeypatch, trained_on: str) -> None:
+    """`flowrec eval RUN` of a run whose run.json was deleted said 'RUN recorded no evaluation data to
+    score (it trained on synthetic rows)', of a run trained on a dataset too: run.json is what records
+    the data (and a synthetic run's row count); the line now says it is missing, exit 2."""
+    monkeypatch.chdir(tmp_path)
+    spec, run = _spec(tmp_path), tmp_path / "run"
+    extra: list[str] = []
+    if trained_on == "dataset":
+        made = runner.invoke(app, ["data", "synth", str(spec), "--rows", str(random.randint(120, 300)), "--out",
+                                   str(tmp_path / "d"), "--seed", str(random.randint(0, 99)), "-q"])
+        assert made.exit_code == 0, made.output
+        extra = ["--data", str(tmp_path / "d")]
+    _train(spec, run, *extra)
+    (run / "run.json").unlink()
+    result = runner.invoke(app, ["eval", str(run)])
+    assert result.exit_code == 2, result.output
+    line = _last_line(result)
+    assert line.startswith(f"error: {run} recorded no evaluation data") and "run.json" in line and "missing" in line
+    assert "synthetic" not in line and "Traceback" not in result.output
