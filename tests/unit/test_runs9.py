@@ -241,3 +241,40 @@ def test_eval_of_a_run_whose_run_json_is_gone_says_so_not_that_it_trained_on_syn
     line = _last_line(result)
     assert line.startswith(f"error: {run} recorded no evaluation data") and "run.json" in line and "missing" in line
     assert "synthetic" not in line and "Traceback" not in result.output
+
+
+def _early_stopping_spec(tmp_path: Path) -> Path:
+    """A spec bound to a skewed CSV with a test split, evaluated every step, stopping at its second
+    evaluation (no AUC beats the first by 1): its run writes RUN/best."""
+    rng = random.Random()
+    rows = ["label,price,user"] + [f"{int(rng.random() < 0.2)},{rng.expovariate(0.5):.3f},"
+                                   f"u{min(int(rng.paretovariate(1.2)), 60)}" for _ in range(rng.randint(240, 400))]
+    (tmp_path / "raw.csv").write_text("\n".join(rows) + "\n")
+    path = tmp_path / "early.yaml"
+    path.write_text(
+        "name: early_runs9\n"
+        "features:\n  - {name: price, type: dense}\n  - {name: user, type: categorical, vocab: 80, dim: 4}\n"
+        "modules:\n  - {name: top, kind: mlp, inputs: ['@dense', '@sparse'], layers: [8]}\n"
+        "heads:\n  - {name: ctr, input: top, task: binary, loss: bce}\n"
+        "data: {format: csv, path: raw.csv, label: label, options: {test_fraction: 0.25}}\n"
+        f"training: {{batch_size: 16, epochs: 4, seed: {rng.randint(0, 10**6)}, eval_every: 1, "
+        "early_stopping: {metric: auc, patience: 1, min_delta: 1.0}}\n")
+    return path
+
+
+def test_resume_of_a_runs_best_checkpoint_names_the_run_not_an_overwrite_of_it(tmp_path: Path, monkeypatch) -> None:
+    """`train --resume RUN/best` said 'RUN/best/run.json is missing ... start the run over with --out
+    RUN/best --overwrite': advice to train a new run into the run's best checkpoint (which the output
+    guard then refuses). It is one line naming the run to resume and --init-from RUN/best, exit 2,
+    nothing written."""
+    monkeypatch.chdir(tmp_path)
+    spec, run = _early_stopping_spec(tmp_path), tmp_path / "run"
+    done = runner.invoke(app, ["train", str(spec), "--out", str(run), "-q", "--device", "cpu"])
+    assert done.exit_code == 0 and (run / "best" / "checkpoint.pt").is_file(), done.output
+    before = _contents(run)
+    result = _resume(spec, run / "best")
+    assert result.exit_code == 2, result.output
+    line = _last_line(result)
+    assert line.startswith(f"error: {run / 'best'} is the best checkpoint of the run in {run}"), line
+    assert f"--resume {run}" in line and f"--init-from {run / 'best'}" in line and "--overwrite" not in line
+    assert _contents(run) == before and "Traceback" not in result.output
