@@ -278,3 +278,31 @@ def test_resume_of_a_runs_best_checkpoint_names_the_run_not_an_overwrite_of_it(t
     assert line.startswith(f"error: {run / 'best'} is the best checkpoint of the run in {run}"), line
     assert f"--resume {run}" in line and f"--init-from {run / 'best'}" in line and "--overwrite" not in line
     assert _contents(run) == before and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("command", ["resume", "resume_further", "eval"])
+def test_a_checkpoint_whose_model_holds_a_key_that_is_no_text_is_one_line(tmp_path: Path, monkeypatch,
+                                                                          command: str) -> None:
+    """A checkpoint (re-saved with a valid digest) whose model dict holds a key that is not a text
+    (a number, a tuple): `--resume` (the finished run, or further) and `eval` ended in a traceback
+    ('sequence item 0: expected str instance, int found') joining the unexpected keys; each is one
+    line naming the file, exit 2."""
+    import torch
+
+    from flowrec.runtime.checkpoint import store as ckpt
+
+    monkeypatch.chdir(tmp_path)
+    spec, run = _spec(tmp_path), tmp_path / "run"
+    _train(spec, run)
+    state = ckpt.load_checkpoint(run)
+    state.pop("digest")
+    key = random.choice([random.randint(0, 99), (random.randint(0, 9), "w")])
+    state["model"][key] = torch.rand(random.randint(1, 5))
+    ckpt.save_checkpoint(run / "checkpoint.pt", state)
+    args = {"resume": ["train", str(spec), "--resume", str(run)],
+            "resume_further": ["train", str(spec), "--resume", str(run), "--epochs", str(random.randint(2, 4))],
+            "eval": ["eval", str(run), "-q"]}[command]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert _last_line(result).startswith(f"error: {run / 'checkpoint.pt'} does not fit the spec's model: model ")
+    assert repr(key) in _last_line(result) and "Traceback" not in result.output

@@ -226,12 +226,18 @@ def check_structure(path: Path, state: Any) -> None:
     check_structure_common(path, state)
 
 
+def _key_text(key: Any) -> str:
+    """A state dict's key as a message names it: a text as it is, anything else as its repr."""
+    return key if isinstance(key, str) else repr(key)
+
+
 def check_tensors(path: Path, what: str, expected: Mapping[str, torch.Tensor], got: Any) -> None:
     """Same keys, shapes and dtypes as `expected` (the model the checkpoint is loaded into)."""
     if not isinstance(got, Mapping):
         raise CheckpointError(f"{path} is damaged: {what} is not a dict of tensors")
-    missing = sorted(set(expected) - set(got))
-    extra = sorted(set(got) - set(expected))
+    # a key that is no text (an edited checkpoint's 5) is named, not joined into a TypeError's traceback
+    missing = sorted(map(_key_text, set(expected) - set(got)))
+    extra = sorted(map(_key_text, set(got) - set(expected)))
     if missing or extra:
         detail = f"missing {', '.join(missing[:3])}" if missing else f"unexpected {', '.join(extra[:3])}"
         raise CheckpointError(f"{path} does not fit the spec's model: {what} {detail}")
