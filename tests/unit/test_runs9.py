@@ -306,3 +306,28 @@ def test_a_checkpoint_whose_model_holds_a_key_that_is_no_text_is_one_line(tmp_pa
     assert result.exit_code == 2, (result.output, result.exception)
     assert _last_line(result).startswith(f"error: {run / 'checkpoint.pt'} does not fit the spec's model: model ")
     assert repr(key) in _last_line(result) and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("command", ["resume_further", "eval"])
+def test_a_checkpoint_with_a_negative_skipped_batch_count_is_one_line(tmp_path: Path, monkeypatch,
+                                                                      command: str) -> None:
+    """A checkpoint (re-saved with a valid digest) whose `skipped_batches` is negative: a resume
+    trained on, ending with 'warning: -5 of 20 batches had a non-finite loss and were skipped', and
+    eval scored it; it is damaged like a negative position: one line naming the file, exit 2."""
+    from flowrec.runtime.checkpoint import store as ckpt
+
+    monkeypatch.chdir(tmp_path)
+    spec, run = _spec(tmp_path), tmp_path / "run"
+    _train(spec, run)
+    state = ckpt.load_checkpoint(run)
+    state.pop("digest")
+    count = -random.randint(1, 10**6)
+    state["skipped_batches"] = count
+    ckpt.save_checkpoint(run / "checkpoint.pt", state)
+    before = _contents(run)
+    args = {"resume_further": ["train", str(spec), "--resume", str(run), "--epochs", str(random.randint(2, 4))],
+            "eval": ["eval", str(run), "-q"]}[command]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert _last_line(result) == f"error: {run / 'checkpoint.pt'} is damaged: skipped_batches {count} is not a count"
+    assert _contents(run) == before and "Traceback" not in result.output
