@@ -837,7 +837,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     parent = _parent_or_exit(settings) if state is None else None
     ranks = world.size if world is not None else max(request.finished_only, 1)
     if state is not None:  # a resumed run continues with the plan it was trained with, unchanged
-        device = device_for_run(spec, settings["device"] or "auto")
+        device = None  # once it is not said finished from its checkpoint (below), which needs none
         plan = _for_ranks(_stored_plan_or_exit(state, folder, spec, world=world), spec, ranks)
     elif parent is not None:  # a run started from another trains its plan (same model and layout)
         device = device_for_run(spec, settings["device"] or "auto")
@@ -859,6 +859,8 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
             return  # told from its checkpoint, before its data is read and its model built
         if request.finished_only:
             raise _Unanswered()
+        resumed_on = _resumed_device(request, spec, settings, folder)  # refused where this machine lacks it
+        device = device if world is not None else resumed_on  # a rank's device is its world's
 
     preparing = [False]  # rank 0 between `before` and `after`: the others wait to learn how its data went
 
@@ -1007,6 +1009,24 @@ def _resume_command(spec_path: Path, folder: Path) -> str:
     nproc = launched_nproc()
     return (f"flowrec train {shell_word(str(spec_path))} --resume {shell_word(str(folder))}"
             f"{f' --nproc {nproc}' if nproc and nproc > 1 else ''}")
+
+
+def _resumed_device(request: RunRequest, spec, settings: dict, folder: Path):
+    """The device a resumed run goes on training on. One its run.json records that this machine
+    cannot give (a run trained on a GPU machine, resumed on another) was refused as '--device cuda
+    was asked for', a flag this command never gave: the line names the run's record."""
+    from flowrec.runs.errors import RunError
+    from flowrec.runs.plan import device_for_run
+
+    try:
+        return device_for_run(spec, settings["device"] or "auto")
+    except RunError as exc:
+        recorded = settings.get("device")
+        if request.given.get("device") is not None or recorded in (None, "auto"):
+            raise
+        raise RunError(f"{folder} was trained with --device {recorded} (its run.json records it), which this "
+                       f"machine cannot give; give --device cpu or auto to continue it here (`flowrec doctor` "
+                       f"shows the devices it finds)", exc.code) from None
 
 
 def _for_ranks(plan, spec, ranks: int):

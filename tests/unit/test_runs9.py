@@ -331,3 +331,26 @@ def test_a_checkpoint_with_a_negative_skipped_batch_count_is_one_line(tmp_path: 
     assert result.exit_code == 2, result.output
     assert _last_line(result) == f"error: {run / 'checkpoint.pt'} is damaged: skipped_batches {count} is not a count"
     assert _contents(run) == before and "Traceback" not in result.output
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a machine without CUDA")
+def test_a_run_recorded_on_cuda_resumed_on_a_machine_without_it_is_said_finished_or_named(
+        tmp_path: Path, monkeypatch) -> None:
+    """A run trained with --device cuda (run.json records it) moved to a machine without CUDA:
+    `--resume RUN` of the finished run said '--device cuda was asked for, but CUDA is not
+    available', a flag never given, instead of that it is finished (its checkpoint needs no device
+    to say so); it is said finished, and a resume that would train names the run's record."""
+    monkeypatch.chdir(tmp_path)
+    spec, run = _spec(tmp_path), tmp_path / "run"
+    _train(spec, run)
+    here = _resume(spec, run)
+    recorded = json.loads((run / "run.json").read_text())
+    (run / "run.json").write_text(json.dumps({**recorded, "device": "cuda"}))
+    told = _resume(spec, run)
+    assert told.exit_code == 0, told.output
+    assert _last_line(told) == _last_line(here) and json.loads(told.stdout) == json.loads(here.stdout)
+    further = _resume(spec, run, "--epochs", str(random.randint(2, 4)))
+    assert further.exit_code == 2, further.output
+    line = _last_line(further)
+    assert line.startswith(f"error: {run} was trained with --device cuda (its run.json records it)"), line
+    assert "--device cpu" in line and "was asked for" not in line and "Traceback" not in further.output
