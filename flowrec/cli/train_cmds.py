@@ -681,7 +681,7 @@ def _train_in_folder(request: RunRequest, spec, folder: Path, world=None) -> Non
         _check_resumed_seed(settings["seed"], state, folder, world)
     for note in notes:
         _say(note)
-    if resuming:
+    if resuming and state is None:  # with a checkpoint: once the run is not said finished from it (`_run`)
         _check_recorded_data(request.given, settings, folder, world)
     if state is not None:
         bound = spec.data is not None and spec.data.bound
@@ -859,6 +859,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
             return  # told from its checkpoint, before its data is read and its model built
         if request.finished_only:
             raise _Unanswered()
+        _check_recorded_data(request.given, settings, folder, world)  # a finished run reads none
         resumed_on = _resumed_device(request, spec, settings, folder)  # refused where this machine lacks it
         device = device if world is not None else resumed_on  # a rank's device is its world's
 

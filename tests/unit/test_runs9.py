@@ -354,3 +354,27 @@ def test_a_run_recorded_on_cuda_resumed_on_a_machine_without_it_is_said_finished
     line = _last_line(further)
     assert line.startswith(f"error: {run} was trained with --device cuda (its run.json records it)"), line
     assert "--device cpu" in line and "was asked for" not in line and "Traceback" not in further.output
+
+
+def test_a_finished_run_whose_dataset_moved_is_said_finished_and_a_resume_further_names_it(
+        tmp_path: Path, monkeypatch) -> None:
+    """A finished run whose --data folder was moved: `--resume RUN` said 'RUN was trained with --data
+    D, which is gone', though its checkpoint says it is finished without reading any data; it is said
+    finished (the line and document it had before the move), and a resume that would train names
+    the dataset gone, exit 2, nothing in the run changed."""
+    monkeypatch.chdir(tmp_path)
+    spec, run, data = _spec(tmp_path), tmp_path / "run", tmp_path / "d"
+    made = runner.invoke(app, ["data", "synth", str(spec), "--rows", str(random.randint(120, 300)), "--out", str(data),
+                               "--seed", str(random.randint(0, 99)), "-q"])
+    assert made.exit_code == 0, made.output
+    _train(spec, run, "--data", str(data))
+    here = _resume(spec, run)
+    data.rename(tmp_path / "moved")
+    before = _contents(run)
+    told = _resume(spec, run)
+    assert told.exit_code == 0, told.output
+    assert _last_line(told) == _last_line(here) and json.loads(told.stdout) == json.loads(here.stdout)
+    further = _resume(spec, run, "--epochs", str(random.randint(2, 4)))
+    assert further.exit_code == 2, further.output
+    assert _last_line(further).startswith(f"error: {run} was trained with --data {data}, which is gone")
+    assert _contents(run) == before and "Traceback" not in told.output + further.output
