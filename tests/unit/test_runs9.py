@@ -378,3 +378,18 @@ def test_a_finished_run_whose_dataset_moved_is_said_finished_and_a_resume_furthe
     assert further.exit_code == 2, further.output
     assert _last_line(further).startswith(f"error: {run} was trained with --data {data}, which is gone")
     assert _contents(run) == before and "Traceback" not in told.output + further.output
+
+
+def test_eval_of_a_run_whose_checkpoint_is_a_folder_names_it(tmp_path: Path, monkeypatch) -> None:
+    """A run whose checkpoint.pt is a folder (a copy gone wrong): `flowrec eval RUN` said 'no
+    checkpoint at RUN/checkpoint.pt/checkpoint.pt', a path nobody made; it says RUN/checkpoint.pt is
+    a folder, not a checkpoint file, exit 2."""
+    monkeypatch.chdir(tmp_path)
+    spec, run = _spec(tmp_path), tmp_path / "run"
+    _train(spec, run)
+    (run / "checkpoint.pt").unlink()
+    (run / "checkpoint.pt").mkdir()
+    for given in (run, run / "checkpoint.pt"):
+        result = runner.invoke(app, ["eval", str(given), "-q"])
+        assert result.exit_code == 2, result.output
+        assert _last_line(result) == f"error: {run / 'checkpoint.pt'} is a folder, not a checkpoint file", given

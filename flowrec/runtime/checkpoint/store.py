@@ -122,9 +122,12 @@ SPEC_SUFFIXES = (".yaml", ".yml", ".json")  # a spec file given where a run or c
 
 
 def checkpoint_path(path: Path) -> Path:
-    """The checkpoint file of a run folder, or `path` itself when it is a file."""
+    """The checkpoint file of a run folder, or `path` itself when it is a file (or a folder named
+    checkpoint.pt holding none: the checkpoint's place, which a second call named
+    RUN/checkpoint.pt/checkpoint.pt in its line)."""
     path = Path(path)
-    return path / CHECKPOINT_NAME if path.is_dir() else path
+    stray = path.name == CHECKPOINT_NAME and not (path / CHECKPOINT_NAME).exists()
+    return path / CHECKPOINT_NAME if path.is_dir() and not stray else path
 
 
 def _not_a_run(given: Path) -> str:
@@ -182,6 +185,8 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu", mmap: 
     """
     given, path = Path(path), checkpoint_path(path)
     for attempt in range(1, LOAD_TRIES + 1):
+        if path.is_dir():
+            raise CheckpointError(f"{path} is a folder, not a checkpoint file")
         if not path.is_file():
             raise CheckpointError(f"no checkpoint at {path}{_not_a_run(given)}")
         try:
