@@ -57,6 +57,7 @@ FILES: dict[str, frozenset[str]] = {
     "tests/unit/test_readme_walk.py": FAST,  # what a new user following README.md and its pages found
     "tests/unit/test_walk7.py": FAST,  # a seventh walk of README.md and docs/guide.md as a new user
     "tests/unit/test_runs8.py": FAST,  # resuming a finished run, eval and export of a run: round 8
+    "tests/unit/test_runs9.py": FAST,  # a finished run's full load on request, its --nproc resume; damaged runs
     "tests/unit/test_walk8.py": FAST,  # an eighth walk: the Python API and the model language, as a demanding user
     "tests/unit/test_precision_note.py": FAST,  # bf16 where the CPU has no bf16 kernels: warned, doctor says so
     "tests/unit/test_lowp.py": FAST,  # bf16 products as fp32 products of bf16 values where the CPU has no bf16 kernels
@@ -81,6 +82,7 @@ FILES: dict[str, frozenset[str]] = {
     "tests/unit/test_cache_bench.py": frozenset({"processes"}),
     "tests/unit/test_operators_bench.py": frozenset({"processes"}),
     "tests/unit/test_bench_package_load.py": frozenset({"processes"}),  # tools/bench_package_load.py, one round
+    "tests/unit/test_bench_resume.py": frozenset({"processes"}),  # tools/bench_resume.py, one round
     "tests/unit/test_fake_cuda_tier.py": frozenset({"processes"}),
     "tests/unit/test_spec_fuzz.py": frozenset({"fuzz"}),
     **{f"tests/unit/{name}.py": frozenset({"thorough"}) for name in (
@@ -153,6 +155,8 @@ TESTS: dict[str, frozenset[str]] = {
     "tests/unit/test_cost_call_fit.py::test_two_processes_step_two_layouts_and_fit_them": frozenset({"processes"}),
     "tests/unit/test_render.py::test_svg_is_deterministic_across_processes": frozenset({"processes"}),
     "tests/unit/test_runs8.py::test_eval_and_resume_of_a_model_without_dropout_never_import_dynamo":
+        frozenset({"processes"}),
+    "tests/unit/test_runs9.py::test_a_run_trained_on_two_ranks_resumed_on_two_is_said_finished_from_its_shards":
         frozenset({"processes"}),
     "tests/integration/test_cli_plan.py::test_planning_imports_no_torch_or_dask": frozenset({"processes"}),
     "tests/integration/test_cli_spec_hostile.py::test_loader_crashers_in_subprocess": frozenset({"processes"}),

@@ -323,11 +323,12 @@ def skipped_lines(skipped: int, kept: int, what: str, look: str) -> list[str]:
 def check_env_switches() -> None:
     """The environment switches of training and measuring, checked before anything is read or
     written: FLOWREC_CPU_GEMM, FLOWREC_CHECKPOINT_WRITES, FLOWREC_MALLOC_TUNING and
-    FLOWREC_DATA_PRIORITY; a bad value is one line and exit 2 (`flowrec calibrate` once showed a
+    FLOWREC_DATA_PRIORITY (and FLOWREC_RESUME_FULL_LOAD); a bad value is one line and exit 2 (`flowrec calibrate` once showed a
     traceback for `FLOWREC_CPU_GEMM=mlk`)."""
     from flowrec.data.layout import DataError
     from flowrec.data.priority import mode as data_priority
     from flowrec.runtime.hostmem import malloc_tuning_asked
+    from flowrec.runs.finished import full_load_asked
     from flowrec.runtime.trainer import background_checkpoints
     from operators.onednn import gemm_library
 
@@ -336,6 +337,7 @@ def check_env_switches() -> None:
         background_checkpoints()
         malloc_tuning_asked()
         data_priority()
+        full_load_asked()
     except (ValueError, DataError) as exc:
         fail(str(exc))
 

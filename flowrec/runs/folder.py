@@ -16,6 +16,7 @@ from flowrec.runtime.rundir import (
     has_run,
     lost_checkpoint,
     open_folder,
+    run_folder_of,
 )
 
 
@@ -40,6 +41,11 @@ def claim_run_folder(out: Path | None, resume: Path | None, overwrite: bool, nam
             raise RunFolderError(f"nothing to resume: {folder} does not exist")
         if not has_run(folder) and not (folder / RUN_FILE).is_file():
             raise RunFolderError(f"nothing to resume: {folder} has no checkpoint.pt or run.json")
+        if run_folder_of(folder) != folder:  # RUN/best: its 'run.json is missing' line said to --overwrite it
+            raise RunFolderError(f"{folder} is the best checkpoint of the run in {run_folder_of(folder)} (early "
+                                 f"stopping writes it), not a run folder: continue that run with --resume "
+                                 f"{run_folder_of(folder)}, or train a new run from this checkpoint with "
+                                 f"--init-from {folder} --out NEW")
         lock = open_folder(folder)
         _refuse_lost_checkpoint(folder, lock, f"put it back to continue, or start the run over with "
                                               f"--out {folder} {replace_with}")

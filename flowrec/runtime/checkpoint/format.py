@@ -79,6 +79,8 @@ def check_structure_common(path: Path, state: dict[str, Any]) -> None:
     if sorted(position) != sorted(POSITION_KEYS) or not all(
             isinstance(position[k], int) and position[k] >= 0 for k in POSITION_KEYS):
         raise CheckpointError(f"{path} is damaged: position {position!r} is not a training position")
+    if state["skipped_batches"] < 0:  # a count: a resume went on warning that -5 of 20 batches were skipped
+        raise CheckpointError(f"{path} is damaged: skipped_batches {state['skipped_batches']} is not a count")
     rng = state["rng"].get("torch")
     if not isinstance(rng, torch.Tensor) or rng.dtype != torch.uint8 or rng.shape != torch.get_rng_state().shape:
         raise CheckpointError(f"{path} is damaged: rng.torch is not a torch RNG state")

@@ -122,9 +122,12 @@ SPEC_SUFFIXES = (".yaml", ".yml", ".json")  # a spec file given where a run or c
 
 
 def checkpoint_path(path: Path) -> Path:
-    """The checkpoint file of a run folder, or `path` itself when it is a file."""
+    """The checkpoint file of a run folder, or `path` itself when it is a file (or a folder named
+    checkpoint.pt holding none: the checkpoint's place, which a second call named
+    RUN/checkpoint.pt/checkpoint.pt in its line)."""
     path = Path(path)
-    return path / CHECKPOINT_NAME if path.is_dir() else path
+    stray = path.name == CHECKPOINT_NAME and not (path / CHECKPOINT_NAME).exists()
+    return path / CHECKPOINT_NAME if path.is_dir() and not stray else path
 
 
 def _not_a_run(given: Path) -> str:
@@ -182,6 +185,8 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu", mmap: 
     """
     given, path = Path(path), checkpoint_path(path)
     for attempt in range(1, LOAD_TRIES + 1):
+        if path.is_dir():
+            raise CheckpointError(f"{path} is a folder, not a checkpoint file")
         if not path.is_file():
             raise CheckpointError(f"no checkpoint at {path}{_not_a_run(given)}")
         try:
@@ -226,12 +231,18 @@ def check_structure(path: Path, state: Any) -> None:
     check_structure_common(path, state)
 
 
+def _key_text(key: Any) -> str:
+    """A state dict's key as a message names it: a text as it is, anything else as its repr."""
+    return key if isinstance(key, str) else repr(key)
+
+
 def check_tensors(path: Path, what: str, expected: Mapping[str, torch.Tensor], got: Any) -> None:
     """Same keys, shapes and dtypes as `expected` (the model the checkpoint is loaded into)."""
     if not isinstance(got, Mapping):
         raise CheckpointError(f"{path} is damaged: {what} is not a dict of tensors")
-    missing = sorted(set(expected) - set(got))
-    extra = sorted(set(got) - set(expected))
+    # a key that is no text (an edited checkpoint's 5) is named, not joined into a TypeError's traceback
+    missing = sorted(map(_key_text, set(expected) - set(got)))
+    extra = sorted(map(_key_text, set(got) - set(expected)))
     if missing or extra:
         detail = f"missing {', '.join(missing[:3])}" if missing else f"unexpected {', '.join(extra[:3])}"
         raise CheckpointError(f"{path} does not fit the spec's model: {what} {detail}")
