@@ -23,6 +23,7 @@ import os
 import re
 import secrets
 import shutil
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -170,11 +171,20 @@ def _existing_parent(out: Path) -> Path:
 
 
 def _make_parents(out: Path) -> None:
-    """Create the missing folders above `out` (as `mkdir -p`), after every check passed."""
+    """Create the missing folders above `out` (as `mkdir -p`), after every check passed, and make
+    sure a file can be written there: `flowrec eval RUN --json ro/m.json` scored the whole run, then
+    said 'cannot write' (a read-only mount, a folder of another user), its work lost."""
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise OutputError(f"cannot create folder {out.parent}: {exc.strerror or exc}") from None
+    try:
+        handle, probe = tempfile.mkstemp(prefix=".flowrec-probe-", dir=out.parent)
+    except OSError as exc:
+        raise OutputError(f"cannot write {out}: {exc.strerror or exc} (its folder {out.parent} takes no new "
+                          "file)") from None
+    os.close(handle)
+    os.unlink(probe)
 
 
 def _owned_below(folder: Path) -> tuple[Path, str] | None:

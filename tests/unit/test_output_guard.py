@@ -642,3 +642,19 @@ def test_a_set_aside_output_is_put_back_even_where_its_staged_folder_was_removed
     output_guard.replace_folder(new, tmp_path / "ds")
     assert len(removed_as) == 1 and removed_as[0].startswith(".ds.gone-"), removed_as
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"] and [p.name for p in (tmp_path / "ds").iterdir()] == ["part-0.parquet"]
+
+
+@pytest.mark.parametrize("folder", ["/proc", "/sys"])
+def test_a_file_output_in_a_folder_that_takes_no_file_is_refused_before_the_work(tmp_path: Path, folder: str):
+    """`flowrec eval RUN --json ro/m.json` (a read-only mount) scored the whole run, then said
+    'cannot write': the check a command runs before its work now writes a probe there."""
+    if not Path(folder).is_dir():
+        pytest.skip(f"no {folder} on this system")
+    with pytest.raises(OutputError, match=rf"cannot write {folder}/m\.json: .* \(its folder {folder} takes no new file\)"):
+        check_file_output(Path(folder) / "m.json", [tmp_path / "run"], overwrite=False)
+
+
+def test_the_probe_leaves_nothing_behind(tmp_path: Path):
+    out = tmp_path / "a" / "b" / "m.json"
+    check_file_output(out, [tmp_path / "run"], overwrite=False)
+    assert out.parent.is_dir() and list(out.parent.iterdir()) == []
