@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from flowrec.runtime.messages import not_a_file
 from flowrec.runtime.rundir import (
     RUN_FILE,
     RunFolderError,
@@ -51,7 +52,8 @@ def claim_run_folder(out: Path | None, resume: Path | None, overwrite: bool, nam
                                               f"--out {folder} {replace_with}")
         if has_run(folder) and not (folder / RUN_FILE).is_file():  # the settings below the checkpoint
             lock.release()
-            raise RunFolderError(f"{folder}/{RUN_FILE} is missing: it records the data, rows, epochs and every "
+            kind = not_a_file(folder / RUN_FILE)
+            raise RunFolderError(f"{folder}/{RUN_FILE} is {f'{kind}, not the file the run wrote' if kind else 'missing'}: it records the data, rows, epochs and every "
                                  f"other setting the run was started with, without which the checkpoint would "
                                  f"go on training other data; put it back to continue, or start the run over "
                                  f"with --out {folder} {replace_with}")
@@ -82,8 +84,9 @@ def _refuse_lost_checkpoint(folder: Path, lock: Any, remedy: str) -> None:
     why = lost_checkpoint(folder)
     if why is not None:
         lock.release()
-        raise RunFolderError(f"{folder}/checkpoint.pt is missing, but the run in {folder} wrote one "
-                             f"({why}); {remedy}")
+        kind = not_a_file(folder / "checkpoint.pt")
+        what = f"{kind}, not the file the run in {folder} wrote" if kind else f"missing, but the run in {folder} wrote one"
+        raise RunFolderError(f"{folder}/checkpoint.pt is {what} ({why}); {remedy}")
 
 
 def _check_not_inside_owned(out: Path) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 
 from flowrec.data.layout import META_FILE, DataError
 from flowrec.runs.settings import lost_relative_path, read_run_file
+from flowrec.runtime.messages import not_a_file
 from flowrec.runtime.rundir import RUN_FILE, RunFolderError, run_folder_of
 
 
@@ -98,7 +99,8 @@ def eval_data_to_score(run_dir: Path, how: str = "--data DIR") -> Path:
                else f"its encoded data {data} is gone, which `flowrec train SPEC --resume {folder}` encodes again"
                if bound is not None
                else "it trained on synthetic rows" if settings
-               else f"its {RUN_FILE}, which records the data it trained and evaluated on, is missing")
+               else f"its {RUN_FILE}, which records the data it trained and evaluated on, is "
+                    f"{f'{kind}, not the file the run wrote' if (kind := not_a_file(folder / RUN_FILE)) else 'missing'}")
         raise DataError(f"{run_dir} recorded no evaluation data to score ({why}): give {how}")
     if not (found / META_FILE).is_file():
         raise DataError(f"the evaluation data {run_dir} recorded, {found}, is not an encoded dataset (moved, "

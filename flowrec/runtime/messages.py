@@ -11,8 +11,11 @@ Example:
 from __future__ import annotations
 
 import math
+import os
 import re
 import shlex
+import stat
+from pathlib import Path
 
 
 SMALL, LARGE = 1e-3, 1e8  # a value outside [SMALL, LARGE) is shown with an exponent, its 5 digits kept
@@ -80,3 +83,22 @@ def number_cell(value: float) -> str:
     if value != 0 and math.isfinite(value) and not SMALL <= abs(value) < LARGE:
         return f"{value:.4e}"
     return f"{value:.4f}"
+
+
+def not_a_file(path: Path) -> str | None:
+    """What stands at `path` where a regular file was expected, in a line's words ("a pipe (FIFO)",
+    "a folder", "a broken link", ...), or None when it is a file or nothing is there: a run's
+    run.json made a FIFO was said to be "missing".
+
+    >>> not_a_file(Path("/")), not_a_file(Path("/no/such/file"))
+    ('a folder', None)
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "a broken link" if os.path.islink(path) else None
+    except OSError as exc:
+        return f"unreadable ({exc.strerror})"
+    kinds = ((stat.S_ISREG, None), (stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a pipe (FIFO)"),
+             (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"))
+    return next((name for test, name in kinds if test(mode)), "not a regular file")

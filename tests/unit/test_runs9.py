@@ -393,3 +393,44 @@ def test_eval_of_a_run_whose_checkpoint_is_a_folder_names_it(tmp_path: Path, mon
         result = runner.invoke(app, ["eval", str(given), "-q"])
         assert result.exit_code == 2, result.output
         assert _last_line(result) == f"error: {run / 'checkpoint.pt'} is a folder, not a checkpoint file", given
+
+
+def _unblock_later(fifo: Path) -> "threading.Timer":
+    """A reader that opens `fifo` blocks until a writer comes: after 60 s one comes and leaves (the
+    reader then reads nothing), so a regression fails this test instead of hanging it."""
+    import os
+    import threading
+
+    def writer() -> None:
+        try:
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:  # no reader waiting
+            pass
+
+    timer = threading.Timer(60, writer)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+@pytest.mark.parametrize("name", ["run.json", "checkpoint.pt"])
+def test_a_run_file_made_a_pipe_is_named_so_not_missing(tmp_path: Path, monkeypatch, name: str) -> None:
+    """run.json or checkpoint.pt made a FIFO (`mkfifo`): resume and eval said the file 'is missing'
+    (or 'no checkpoint at ...'); each line says it is a pipe, exit 2, nothing read from it."""
+    import os
+
+    monkeypatch.chdir(tmp_path)
+    spec, run = _spec(tmp_path), tmp_path / "run"
+    _train(spec, run)
+    (run / name).unlink()
+    os.mkfifo(run / name)
+    timer = _unblock_later(run / name)
+    try:
+        resumed = _resume(spec, run)
+        scored = runner.invoke(app, ["eval", str(run), "-q"])
+    finally:
+        timer.cancel()
+    for result in (resumed, scored):
+        assert result.exit_code == 2, result.output
+        line = _last_line(result)
+        assert f"{name}" in line and "is a pipe (FIFO), not " in line and "missing" not in line, line

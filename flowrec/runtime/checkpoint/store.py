@@ -35,7 +35,7 @@ from flowrec.runtime.checkpoint.format import (
 )
 from flowrec.data.run_paths import BEST_DIR, CHECKPOINT_NAME, RUN_FILE
 from flowrec.runtime.managed_state import MANAGED_PREFIX
-from flowrec.runtime.messages import first_line
+from flowrec.runtime.messages import first_line, not_a_file
 
 DISK_MARGIN = 1.05  # a write failing with less free space than this x the tensors' bytes: the disk is full
 CHECKPOINT_FORMAT = "flowrec-checkpoint"
@@ -188,6 +188,9 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu", mmap: 
         if path.is_dir():
             raise CheckpointError(f"{path} is a folder, not a checkpoint file")
         if not path.is_file():
+            kind = not_a_file(path)
+            if kind is not None:  # (a FIFO was "no checkpoint at")
+                raise CheckpointError(f"{path} is {kind}, not a checkpoint file")
             raise CheckpointError(f"no checkpoint at {path}{_not_a_run(given)}")
         try:
             read = path.stat()
