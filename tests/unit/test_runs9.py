@@ -4,7 +4,9 @@ each fails on the code before its fix)."""
 from __future__ import annotations
 
 import json
+import os
 import random
+import threading
 from pathlib import Path
 
 import pytest
@@ -395,12 +397,9 @@ def test_eval_of_a_run_whose_checkpoint_is_a_folder_names_it(tmp_path: Path, mon
         assert _last_line(result) == f"error: {run / 'checkpoint.pt'} is a folder, not a checkpoint file", given
 
 
-def _unblock_later(fifo: Path) -> "threading.Timer":
+def _unblock_later(fifo: Path) -> threading.Timer:
     """A reader that opens `fifo` blocks until a writer comes: after 60 s one comes and leaves (the
     reader then reads nothing), so a regression fails this test instead of hanging it."""
-    import os
-    import threading
-
     def writer() -> None:
         try:
             os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
@@ -417,8 +416,6 @@ def _unblock_later(fifo: Path) -> "threading.Timer":
 def test_a_run_file_made_a_pipe_is_named_so_not_missing(tmp_path: Path, monkeypatch, name: str) -> None:
     """run.json or checkpoint.pt made a FIFO (`mkfifo`): resume and eval said the file 'is missing'
     (or 'no checkpoint at ...'); each line says it is a pipe, exit 2, nothing read from it."""
-    import os
-
     monkeypatch.chdir(tmp_path)
     spec, run = _spec(tmp_path), tmp_path / "run"
     _train(spec, run)
