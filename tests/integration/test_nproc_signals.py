@@ -242,14 +242,17 @@ def test_a_signal_to_the_launch_before_training_is_the_launchers_one_line(work: 
     # SIGTERM to `flowrec train --nproc 2` while its ranks loaded their data: each rank said 'error: rank N:
     # interrupted (SIGTERM) before training started; nothing was trained' (a rank not yet listening said
     # nothing), and a resumed run's line did not say it was kept nor how to continue it
+    # (the resumed run goes on past its first --max-steps: a finished run's resume is said before any rank
+    # starts, so none would be held)
     out = f"early_{'resumed' if resumed else 'new'}"
+    steps = random.randrange(1, 4)
     if resumed:
-        first = run_flowrec(*_args(out, 1), "--max-steps", str(random.randrange(1, 4)), cwd=work, root=ROOT,
-                            timeout_s=TIMEOUT_S)
+        first = run_flowrec(*_args(out, 1), "--max-steps", str(steps), cwd=work, root=ROOT, timeout_s=TIMEOUT_S)
         assert first.returncode == 0, first.stderr[-3000:]
         before = _digests(work / out)
     env = {**subprocess_env(ROOT), "PYTHONPATH": f"{FAULTS}{os.pathsep}{ROOT}", "FLOWREC_TEST_HOLD_START": str(tmp_path)}
-    args = _args(out) if not resumed else ["train", "spec.yaml", "--resume", out, "-q", "--nproc", "2"]
+    args = _args(out) if not resumed else ["train", "spec.yaml", "--resume", out, "-q", "--nproc", "2",
+                                           "--max-steps", str(steps + 3)]
     sig = random.choice([signal.SIGTERM, signal.SIGHUP])
     job, launch, err = _signal_when_held(args, work, env, tmp_path, lambda: any(tmp_path.glob("held-start-rank*")),
                                          sig, None)
