@@ -155,7 +155,7 @@ def join_world(size: int, rank: int, timeout_s: float, device: torch.device) -> 
         dist.init_process_group(backend=backend, store=store,
                                 timeout=timedelta(seconds=timeout_s), world_size=size, rank=rank)
     except (RuntimeError, ValueError) as exc:
-        waited = start_s if "started" in str(exc) else timeout_s
+        waited = start_s if isinstance(exc, _NotAllStarted) else timeout_s
         raise WorldError(f"could not join the other {size - 1} rank(s) within {waited:g} s "
                          f"({first_line(exc)})") from None
     embedding = embedding_group(timeout_s)
@@ -178,16 +178,20 @@ def _attempt_store(size: int, rank: int, timeout_s: float) -> dist.Store:
     return dist.PrefixStore(f"flowrec/attempt{attempt}/", store)
 
 
+class _NotAllStarted(RuntimeError):
+    """Not every rank of the launch reached `join_world` within the start's wait."""
+
+
 def _wait_for_ranks(store: dist.Store, size: int, wait_s: float) -> None:
     """Count this rank in at the store and wait until all `size` ranks have, polling, for at most
-    `wait_s` (RuntimeError saying how many started)."""
+    `wait_s` (`_NotAllStarted` saying how many started)."""
     import time
 
     arrived = store.add(STARTED_KEY, 1)
     deadline = time.monotonic() + wait_s
     while arrived < size:
         if time.monotonic() > deadline:
-            raise RuntimeError(f"{arrived} of {size} ranks started")
+            raise _NotAllStarted(f"{arrived} of {size} ranks started")
         time.sleep(0.05)
         arrived = store.add(STARTED_KEY, 0)
 
