@@ -246,7 +246,7 @@ def _finished_before_launch(request: RunRequest, spec, nproc: int) -> bool:
 
     from flowrec.runs.finished import looks_finished
 
-    if any(m.kind == "custom" for m in spec.modules) or not looks_finished(request.resume, request.given, spec):
+    if not looks_finished(request.resume, request.given, spec):  # (never a spec with custom modules)
         return False
     return _said_if_finished(lambda: run_training(replace(request, finished_only=nproc)))
 
@@ -478,8 +478,7 @@ def _finished_in_read_only(request: RunRequest, spec) -> bool:
     from flowrec.runtime.rundir import RUN_FILE
 
     folder = request.resume
-    if os.access(folder, os.W_OK) or not (folder / RUN_FILE).is_file() or any(m.kind == "custom" for m in spec.modules) \
-            or not looks_finished(folder, request.given, spec):
+    if os.access(folder, os.W_OK) or not (folder / RUN_FILE).is_file() or not looks_finished(folder, request.given, spec):
         return False
     only = replace(request, finished_only=max(request.finished_only, 1))
     return _said_if_finished(lambda: _train_in(only, spec, folder))

@@ -75,9 +75,9 @@ def finished_run(state: dict[str, Any], spec: ModelSpec, plan: Plan, settings: d
 
     if full_load_asked():
         return None  # the full load asked for (FLOWREC_RESUME_FULL_LOAD=1)
-    if any(m.kind == "custom" for m in spec.modules):
+    if _custom(spec):
         return None  # a custom module's own code builds and loads it: the full load runs it once
-    epochs = settings["epochs"] if settings.get("epochs") is not None else spec.training.epochs
+    epochs = _epochs(settings, spec)
     position = Position(**state["position"])
     stopper = None
     if spec.training.early_stopping is not None:
@@ -104,24 +104,36 @@ def looks_finished(folder: Path, given: dict[str, Any], spec: ModelSpec) -> bool
     position (or early stop) of its newest checkpoint file, mapped, no digest taken, against the
     epochs and --max-steps its run.json records and the command line (`given`) sets. False on any
     doubt. `train --resume RUN --nproc N` looks before it asks `finished_run` (which hashes the
-    whole checkpoint), so a run that is not finished is launched as before, at no cost."""
+    whole checkpoint), so a run that is not finished is launched as before, at no cost. A spec with
+    custom modules is never said finished from its checkpoint (`finished_run`): False."""
     from flowrec.runs.settings import read_run_file
     from flowrec.runs.start import run_settings
     from flowrec.runtime.checkpoint.delta import delta_files
     from flowrec.runtime.checkpoint.format import read_torch_file
     from flowrec.runtime.checkpoint.store import CHECKPOINT_NAME
 
+    if _custom(spec):
+        return False
     try:
         settings, _ = run_settings(given, spec, read_run_file(folder))
         base = folder / CHECKPOINT_NAME
         state = read_torch_file(([path for _, path in delta_files(base)] or [base])[-1], mmap=True)
         position, stopping = state["position"], state.get("early_stopping")
-        epochs = settings["epochs"] if settings.get("epochs") is not None else spec.training.epochs
+        epochs = _epochs(settings, spec)
         max_steps = settings.get("max_steps")
         return (position["epoch"] >= epochs or (max_steps is not None and position["step"] >= max_steps)
                 or (isinstance(stopping, dict) and stopping.get("stopped") is True))
     except Exception:  # noqa: BLE001 - a damaged or missing file, an odd record: the ranks' load says it
         return False
+
+
+def _custom(spec: ModelSpec) -> bool:
+    return any(m.kind == "custom" for m in spec.modules)
+
+
+def _epochs(settings: dict[str, Any], spec: ModelSpec) -> int:
+    """The epochs the run trains: its --epochs (recorded or given), else the spec's."""
+    return settings["epochs"] if settings.get("epochs") is not None else spec.training.epochs
 
 
 def _fits_model(state: dict[str, Any], spec: ModelSpec, plan: Plan, source: Path) -> bool:
