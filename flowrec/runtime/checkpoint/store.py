@@ -185,11 +185,9 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu", mmap: 
     """
     given, path = Path(path), checkpoint_path(path)
     for attempt in range(1, LOAD_TRIES + 1):
-        if path.is_dir():
-            raise CheckpointError(f"{path} is a folder, not a checkpoint file")
         if not path.is_file():
             kind = not_a_file(path)
-            if kind is not None:  # (a FIFO was "no checkpoint at")
+            if kind is not None:  # a folder, a FIFO ...: "no checkpoint at" said neither
                 raise CheckpointError(f"{path} is {kind}, not a checkpoint file")
             raise CheckpointError(f"no checkpoint at {path}{_not_a_run(given)}")
         try:
