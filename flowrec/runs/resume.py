@@ -14,6 +14,7 @@ Example:
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -28,6 +29,16 @@ def option(key: str, python: bool) -> str:
 def given(key: str, value: Any, python: bool) -> str:
     """An option with its value as the caller writes it: `--seed 3`, `seed=3`."""
     return f"{key}={value!r}" if python else f"{option(key, False)} {value}"
+
+
+def python_resume_call(spec: str, folder: Path | str) -> str:
+    """The Python call that continues the run in `folder` (`spec`: the spec file, or `spec` for a
+    `ModelSpec`, written as code).
+
+    >>> python_resume_call("'my.yaml'", Path("runs/a"))
+    "`flowrec.train('my.yaml', resume='runs/a')`"
+    """
+    return f"`flowrec.train({spec}, resume={str(folder)!r})`"
 
 
 def seed_problem(seed: int | None, state: dict[str, Any], folder: Path, python: bool = False) -> str | None:
@@ -242,3 +253,70 @@ def run_spec_class_files(state: dict[str, Any], folder: Path, spec: Any) -> tupl
     except ValueError as exc:
         raise RunError(str(exc)) from None
 
+
+@dataclass
+class Resumption:
+    """A run to go on with, read from its folder (`read_resumption`): its settings (run.json's, given
+    options over them), its checkpoint (None: the run was stopped before its first one, and starts again
+    from step 0 with its recorded settings), the plan it trains (None without a checkpoint: planned
+    anew), and `finished` (a `FinishedRun`) where the checkpoint shows it at its end already."""
+
+    folder: Path
+    spec: Any
+    settings: dict[str, Any]
+    state: dict[str, Any] | None
+    plan: Any = None
+    finished: Any = None
+
+
+def read_resumption(folder: Path, given_settings: dict[str, Any], spec: Any, spec_label: str,
+                    python: bool = True) -> Resumption:
+    """The run in `folder` (claimed by this process: `claim_run_folder`), checked to go on with
+    `spec` in one process: its run.json and checkpoint read, the options that cannot change a resumed
+    run (the plan's, another seed, another spec) refused, its plan the checkpoint's (resharded for one
+    process where a run of N ranks saved it). Raises `RunFolderError` or `CheckpointError` for a
+    damaged run.json or checkpoint, `RunError` (one line) for the rest; nothing is written."""
+    from dataclasses import replace
+
+    from flowrec.planner.contract import PlanError, resharded
+    from flowrec.runs.settings import lost_relative_path, read_run_file, recorded_train_rows
+    from flowrec.runs.start import run_settings
+    from flowrec.runtime.checkpoint.store import CHECKPOINT_NAME, load_checkpoint
+
+    recorded = read_run_file(folder)
+    state = load_checkpoint(folder / CHECKPOINT_NAME, mmap=True) if (folder / CHECKPOINT_NAME).is_file() else None
+    for key in ("data", "eval_data"):
+        if given_settings.get(key) is None and (problem := lost_relative_path(folder, recorded, key,
+                                                                               option(key, python) + "PATH")):
+            raise RunError(problem)
+    if state is None and (recorded or {}).get("init_from"):
+        raise RunError(f"{folder} was started from the run in {recorded['init_from']} and stopped before its first "
+                       f"checkpoint: start it again with `flowrec train SPEC --resume {folder}`, which starts it "
+                       f"from that run again")
+    if (problem := plan_options_problem(given_settings, recorded if state is not None else None, None, python)):
+        raise RunError(problem)
+    settings, _ = run_settings(given_settings, spec, recorded, None, bool((recorded or {}).get("fresh_optimizer")))
+    if settings["cache"] is not None:
+        spec = replace(spec, plan=replace(spec.plan, cache=settings["cache"]))
+    if state is None:
+        if (problem := recorded_data_problem(given_settings, settings, folder, python)) is not None:
+            raise RunError(problem)
+        return Resumption(folder, spec, settings, None)
+    if (problem := seed_problem(settings["seed"], state, folder, python)) is not None:
+        raise RunError(problem)
+    bound = spec.data is not None and spec.data.bound
+    settings["train_rows"] = recorded_train_rows(given_settings, recorded, not settings["data"] and not bound)
+    plan = stored_run_plan(state, folder, spec)
+    if plan.meta.world_size != 1:  # a run of N ranks (`--nproc N`) goes on in this one process
+        try:
+            plan = resharded(plan, spec, 1)
+        except PlanError as exc:
+            raise RunError(str(exc)) from None
+    trained = spec if settings["seed"] is None else replace(spec, training=replace(spec.training,
+                                                                                     seed=settings["seed"]))
+    if not spec_matches_run(state, folder, trained):
+        raise RunError(spec_changed_line(spec_label, folder, state, trained, python))
+    finished = finished_from_checkpoint(state, spec, plan, settings, folder)
+    if finished is None and (problem := recorded_data_problem(given_settings, settings, folder, python)):
+        raise RunError(problem)
+    return Resumption(folder, spec, settings, state, plan, finished)
