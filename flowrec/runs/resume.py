@@ -126,7 +126,8 @@ def resumed_device(given_device: str | None, spec: Any, settings: dict[str, Any]
         recorded = settings.get("device")
         if given_device is not None or recorded in (None, "auto"):
             raise
-        cpu = 'device="cpu" or "auto"' if python else "--device cpu or auto"
+        # (in Python device="auto" is the default, which keeps the run's recorded device: "cpu" alone goes on)
+        cpu = 'device="cpu"' if python else "--device cpu or auto"
         raise RunError(f"{folder} was trained with {given('device', recorded, python)} (its run.json records it), "
                        f"which this machine cannot give; give {cpu} to continue it here (`flowrec doctor` "
                        f"shows the devices it finds)", exc.code) from None

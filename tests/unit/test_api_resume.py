@@ -196,3 +196,25 @@ def test_a_run_of_two_ranks_goes_on_in_python_as_on_the_command_line(tmp_path: P
     assert result.exit_code == 0, result.output
     assert run.result.steps == 2 * n
     _same_state(tmp_path / "ranks", tmp_path / "copy")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a run recorded on CUDA is refused on a machine without it")
+def test_a_run_recorded_on_cuda_is_continued_here_by_the_device_the_line_names(tmp_path: Path, monkeypatch) -> None:
+    """A run whose run.json records device cuda, resumed on a machine without CUDA, said 'give
+    device="cpu" or "auto"'; device="auto" is the default, which keeps the recorded device, and was
+    refused again. The line names device="cpu", which continues it."""
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    _spec(tmp_path)
+    n = random.randint(2, 3)
+    flowrec.train("t.yaml", out="a", max_steps=n, **_options())
+    recorded = json.loads((tmp_path / "a" / "run.json").read_text())
+    (tmp_path / "a" / "run.json").write_text(json.dumps({**recorded, "device": "cuda"}))
+    before = _files(tmp_path / "a")
+    for device in ({}, {"device": "auto"}):
+        with pytest.raises(RunError, match="a was trained with device='cuda'") as caught:
+            flowrec.train("t.yaml", resume="a", max_steps=2 * n, **device)
+        assert 'give device="cpu" to continue it here' in str(caught.value) and "auto" not in str(caught.value)
+        assert _files(tmp_path / "a") == before
+    assert flowrec.train("t.yaml", resume="a", max_steps=2 * n, device="cpu").result.steps == 2 * n
