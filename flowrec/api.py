@@ -380,10 +380,12 @@ def _train_resumed(spec: str | Path | ModelSpec, spec_path: Path, model_spec: Mo
     from flowrec.runs.errors import EXIT_USAGE, RunError
     from flowrec.runs.folder import claim_run_folder
     from flowrec.runs.plan import plan_for_run
-    from flowrec.runs.resume import changed_data_line, finished_line, read_resumption, resumed_device
+    from flowrec.runs.resume import (changed_data_line, finished_line, read_resumption, resumed_device,
+                                     stream_folder_problem)
     from flowrec.runs.settings import write_run_file
     from flowrec.runs.start import record_encoder, start_session, train_config
     from flowrec.runtime.checkpoint.store import CHECKPOINT_NAME, CheckpointError
+    from flowrec.runtime.messages import shell_word
     from flowrec.runtime.nonfinite import TrainingStopped
     from flowrec.runtime.progress import reading_bar
     from flowrec.runtime.run_log import MetricsError
@@ -395,6 +397,8 @@ def _train_resumed(spec: str | Path | ModelSpec, spec_path: Path, model_spec: Mo
     defaults = {"rows": DEFAULT_ROWS, "device": "auto", "checkpoint_every": 0}  # not given: the run's own
     given = {key: None if key in defaults and value == defaults[key] else value for key, value in given.items()}
     label = str(spec) if not isinstance(spec, ModelSpec) else f"ModelSpec {spec.name!r}"
+    if (problem := stream_folder_problem(folder, shell_word(label) if not isinstance(spec, ModelSpec) else "SPEC")):
+        raise RunFolderError(problem)  # not "nothing to resume: it has no checkpoint.pt or run.json"
     found, refused, trainer, finished = folder_state(folder), False, None, None
     folder, lock = claim_run_folder(None, folder, False, model_spec.name, "overwrite=True")
     try:

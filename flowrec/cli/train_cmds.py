@@ -411,12 +411,12 @@ def _check_options(request: RunRequest) -> None:
              f"not {request.dist_timeout!r}")
     if request.resume is not None and request.overwrite:
         fail("--resume continues a run and --overwrite replaces it; give one of them")
-    from flowrec.cli.streams import is_stream_folder, refuse_stream_folder
+    from flowrec.cli.streams import refuse_stream_folder
+    from flowrec.runs.resume import stream_folder_problem
 
-    if request.resume is not None and is_stream_folder(request.resume):  # not "no checkpoint.pt or run.json"
-        fail(f"{request.resume} is a --follow stream folder: continue it with the command that follows it, "
-             f"flowrec train {shell_word(str(request.spec_path))} --follow DAYS --out "
-             f"{shell_word(str(request.resume))} (it resumes a day cut short)")
+    if request.resume is not None and (problem := stream_folder_problem(request.resume, shell_word(
+            str(request.spec_path)))):  # not "no checkpoint.pt or run.json"
+        fail(problem)
     if request.init_from is not None:
         refuse_stream_folder(request.init_from, "start from")
     if request.init_from is not None and request.resume is not None:

@@ -133,6 +133,19 @@ def resumed_device(given_device: str | None, spec: Any, settings: dict[str, Any]
                        f"shows the devices it finds)", exc.code) from None
 
 
+def stream_folder_problem(folder: Path, spec_word: str) -> str | None:
+    """Why `folder` cannot be resumed as a run: a `--follow` stream folder (each day a run of its own,
+    no checkpoint of its own), continued by the command that follows it; None for any other folder.
+    `spec_word`: the spec as the command line writes it."""
+    from flowrec.data.owners import is_stream_folder
+    from flowrec.runtime.messages import shell_word
+
+    if not is_stream_folder(folder):
+        return None
+    return (f"{folder} is a --follow stream folder: continue it with the command that follows it, "
+            f"flowrec train {spec_word} --follow DAYS --out {shell_word(str(folder))} (it resumes a day cut short)")
+
+
 def changed_data_line(settings: dict[str, Any], rows: int, folder: Path, state: dict[str, Any],
                       python: bool = False) -> str:
     """The line refusing a resumed run whose training data holds other rows than it started on."""

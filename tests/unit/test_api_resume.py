@@ -198,6 +198,21 @@ def test_a_run_of_two_ranks_goes_on_in_python_as_on_the_command_line(tmp_path: P
     _same_state(tmp_path / "ranks", tmp_path / "copy")
 
 
+def test_a_stream_folder_given_to_resume_names_the_command_that_follows_it(tmp_path: Path, monkeypatch) -> None:
+    """`resume=` of a `--follow` stream folder (each day a run of its own) said 'nothing to resume: it
+    has no checkpoint.pt or run.json', though it holds a stream the command line goes on with."""
+    monkeypatch.chdir(tmp_path)
+    _spec(tmp_path)
+    stream = tmp_path / f"stream{random.randint(0, 99)}"
+    stream.mkdir()
+    (stream / "follow.json").write_text("{}")
+    with pytest.raises(RunFolderError, match=rf"^{stream.name} is a --follow stream folder: continue it with the "
+                                             rf"command that follows it, flowrec train t\.yaml --follow DAYS --out "
+                                             rf"{stream.name} \(it resumes a day cut short\)$"):
+        flowrec.train("t.yaml", resume=stream.name)
+    assert _files(stream) == {"follow.json": b"{}"}
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a run recorded on CUDA is refused on a machine without it")
 def test_a_run_recorded_on_cuda_is_continued_here_by_the_device_the_line_names(tmp_path: Path, monkeypatch) -> None:
     """A run whose run.json records device cuda, resumed on a machine without CUDA, said 'give
