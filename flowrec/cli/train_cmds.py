@@ -698,41 +698,21 @@ def _train_in_folder(request: RunRequest, spec, folder: Path, world=None) -> Non
 
 
 def _refuse_older_split_again(spec, folder: Path) -> None:
-    """A run of an older flowrec (its run.json records no `train_rows`, written since 2026-12-05) on
-    its spec's bound data split by a seed, whose RUN/data is gone: encoding that data again may
-    split it otherwise than the older flowrec did (`flowrec.data.convert.SPLIT_RULE`), so the
-    checkpoint's epoch and batch would go on in other rows and its evaluations score rows it trained
-    on, without a word. One line and exit 2, before anything is encoded."""
-    from flowrec.data.convert import seeded_split
-    from flowrec.data.layout import META_FILE
+    """A run of an older flowrec on its spec's bound data split by a seed, whose RUN/data is gone
+    (`flowrec.runs.resume.older_split_problem`): one line and exit 2, before anything is encoded."""
+    from flowrec.runs.resume import older_split_problem
 
-    data = folder / "data"
-    if (data / META_FILE).is_file() or (data / "train" / META_FILE).is_file():
-        return  # its encoding is there: resumed as it is (a lost part is named when it is read)
-    if not seeded_split(dict(spec.data.options)):
-        return  # no seeded split: encoding the data again gives the same rows
-    fail(f"{data} is gone, and the run in {folder} was trained by a flowrec of before 2026-12-05 (its run.json "
-         f"records no train_rows) on the spec's data split into train and test by a seed, which this flowrec "
-         f"splits otherwise: encoding it again would continue the run on other rows and evaluate it on rows it "
-         f"trained on; put {data} back, or start over with --out {folder} --overwrite")
+    if (problem := older_split_problem(spec, folder)) is not None:
+        fail(problem)
 
 
 def _refuse_split_since(data: Path, folder: Path) -> None:
-    """A run of a flowrec of before 2026-12-05 (no `train_rows` in its run.json) resumed on its
-    --data folder, split since by this flowrec (its record names the split rule, written since
-    2026-12-06): the folder was converted again after the run started, with another draw of the
-    test rows, so the run would go on in other rows and evaluate on rows it trained on. One line."""
-    from flowrec.data.layout import META_FILE
-    from flowrec.runs.recorded import resplit_since_start
+    """A run of a flowrec of before 2026-12-05 resumed on its --data folder, split since by this flowrec
+    (`flowrec.runs.resume.split_since_problem`): one line and exit 2."""
+    from flowrec.runs.resume import split_since_problem
 
-    split = resplit_since_start(folder, data)
-    if split is None:
-        return
-    fail(f"{data} was converted again since the run in {folder} started: its train/test split is this flowrec's "
-         f"(its train/{META_FILE} names split rule {split.get('split_rule')}), and the flowrec of before "
-         f"2026-12-05 that trained the run (its run.json records no train_rows) drew the test rows otherwise, so "
-         f"the run would go on in other rows and evaluate on rows it trained on; put the data it trained on "
-         f"back, or start a new run on this data (--out NEW)")
+    if (problem := split_since_problem(data, folder)) is not None:
+        fail(problem)
 
 
 def _check_recorded_data(given: dict, settings: dict, folder: Path, world=None) -> None:

@@ -146,6 +146,46 @@ def stream_folder_problem(folder: Path, spec_word: str) -> str | None:
             f"flowrec train {spec_word} --follow DAYS --out {shell_word(str(folder))} (it resumes a day cut short)")
 
 
+def older_split_problem(spec: Any, folder: Path, python: bool = False) -> str | None:
+    """Why a run of an older flowrec (its run.json records no `train_rows`, written since 2026-12-05) on
+    its spec's bound data split by a seed, whose RUN/data is gone, cannot go on, or None: encoding that
+    data again may split it otherwise than the older flowrec did (`flowrec.data.convert.SPLIT_RULE`),
+    so the checkpoint's epoch and batch would go on in other rows and its evaluations score rows it
+    trained on, without a word."""
+    from flowrec.data.convert import seeded_split
+    from flowrec.data.layout import META_FILE
+
+    data = folder / "data"
+    if (data / META_FILE).is_file() or (data / "train" / META_FILE).is_file():
+        return None  # its encoding is there: resumed as it is (a lost part is named when it is read)
+    if not seeded_split(dict(spec.data.options)):
+        return None  # no seeded split: encoding the data again gives the same rows
+    over = f"out={str(folder)!r}, overwrite=True" if python else f"--out {folder} --overwrite"
+    return (f"{data} is gone, and the run in {folder} was trained by a flowrec of before 2026-12-05 (its run.json "
+            f"records no train_rows) on the spec's data split into train and test by a seed, which this flowrec "
+            f"splits otherwise: encoding it again would continue the run on other rows and evaluate it on rows it "
+            f"trained on; put {data} back, or start over with {over}")
+
+
+def split_since_problem(data: Path, folder: Path, python: bool = False) -> str | None:
+    """Why a run of a flowrec of before 2026-12-05 (no `train_rows` in its run.json) cannot go on with
+    its data folder, split since by this flowrec (its record names the split rule, written since
+    2026-12-06), or None: the folder was converted again after the run started, with another draw of
+    the test rows, so the run would go on in other rows and evaluate on rows it trained on."""
+    from flowrec.data.layout import META_FILE
+    from flowrec.runs.recorded import resplit_since_start
+
+    split = resplit_since_start(folder, data)
+    if split is None:
+        return None
+    new = "out=NEW" if python else "--out NEW"
+    return (f"{data} was converted again since the run in {folder} started: its train/test split is this "
+            f"flowrec's (its train/{META_FILE} names split rule {split.get('split_rule')}), and the flowrec of "
+            f"before 2026-12-05 that trained the run (its run.json records no train_rows) drew the test rows "
+            f"otherwise, so the run would go on in other rows and evaluate on rows it trained on; put the data it "
+            f"trained on back, or start a new run on this data ({new})")
+
+
 def changed_data_line(settings: dict[str, Any], rows: int, folder: Path, state: dict[str, Any],
                       python: bool = False) -> str:
     """The line refusing a resumed run whose training data holds other rows than it started on."""
@@ -293,7 +333,7 @@ def read_resumption(folder: Path, given_settings: dict[str, Any], spec: Any, spe
     from dataclasses import replace
 
     from flowrec.planner.contract import PlanError, resharded
-    from flowrec.runs.settings import lost_relative_path, read_run_file, recorded_train_rows
+    from flowrec.runs.settings import lost_relative_path, read_run_file, recorded_train_rows, same_setting
     from flowrec.runs.start import run_settings
     from flowrec.runtime.checkpoint.store import CHECKPOINT_NAME, load_checkpoint
 
@@ -320,6 +360,14 @@ def read_resumption(folder: Path, given_settings: dict[str, Any], spec: Any, spe
         raise RunError(problem)
     bound = spec.data is not None and spec.data.bound
     settings["train_rows"] = recorded_train_rows(given_settings, recorded, not settings["data"] and not bound)
+    if "train_rows" not in (recorded or {}):  # a run of before 2026-12-05: its data must be the rows it trained
+        problem = None
+        if bound and not settings["data"]:
+            problem = older_split_problem(spec, folder, python)
+        elif settings["data"] and same_setting("data", settings["data"], (recorded or {}).get("data")):
+            problem = split_since_problem(Path(settings["data"]), folder, python)
+        if problem is not None:
+            raise RunError(problem)
     plan = stored_run_plan(state, folder, spec)
     if plan.meta.world_size != 1:  # a run of N ranks (`--nproc N`) goes on in this one process
         try:

@@ -233,3 +233,45 @@ def test_a_run_recorded_on_cuda_is_continued_here_by_the_device_the_line_names(t
         assert 'give device="cpu" to continue it here' in str(caught.value) and "auto" not in str(caught.value)
         assert _files(tmp_path / "a") == before
     assert flowrec.train("t.yaml", resume="a", max_steps=2 * n, device="cpu").result.steps == 2 * n
+
+
+def test_an_older_run_on_data_split_again_since_is_refused_in_python_as_on_the_command_line(tmp_path: Path) -> None:
+    """A run of a flowrec of before 2026-12-05 (run.json without train_rows) whose --data folder this
+    flowrec converted again since (another draw of the test rows): `flowrec train --resume` refuses it
+    in one line, `flowrec.train(resume=)` went on from the checkpoint's batch in rows of another split,
+    evaluating on rows it had trained on, without a word. Now the same line in Python's words."""
+    import json
+
+    import numpy as np
+
+    rng = np.random.default_rng()
+    ids = rng.zipf(1.3, 300) % 40
+    rows = ["label,d1,c1"] + [f"{int(rng.random() < 0.3 + 0.01 * (i % 20))},{rng.lognormal():.3f},c{i}"
+                              for i in ids]
+    (tmp_path / "raw.csv").write_text("\n".join(rows) + "\n")
+    spec = tmp_path / "s.yaml"
+    spec.write_text("name: s\nfeatures:\n  - {name: d1, type: dense}\n  - {name: c1, type: categorical, vocab: 50, "
+                    "dim: 4}\nmodules:\n  - {name: deep, kind: mlp, inputs: ['@dense', '@sparse'], layers: [4]}\n"
+                    "heads:\n  - {name: ctr, input: deep, task: binary, loss: bce}\n"
+                    f"training: {{batch_size: {random.choice([16, 32])}, epochs: 1}}\n")
+    data, run = tmp_path / "d", tmp_path / "run"
+
+    def convert() -> None:
+        made = CliRunner().invoke(app, ["data", "convert", "csv", str(tmp_path / "raw.csv"), str(data), "--spec",
+                                        str(spec), "--test-fraction", "0.25", "--overwrite", "-q"])
+        assert made.exit_code == 0, made.output
+
+    convert()
+    flowrec.train(spec, data=data, out=run, max_steps=1)
+    older = json.loads((run / "run.json").read_text())
+    older.pop("train_rows")  # as the older flowrec wrote it
+    (run / "run.json").write_text(json.dumps(older, indent=2, sort_keys=True) + "\n")
+    convert()  # converted again since, by this flowrec's split
+    before = _files(run)
+    with pytest.raises(RunError, match=rf"^{data} was converted again since the run in {run} started: .*start a "
+                                       r"new run on this data \(out=NEW\)$"):
+        flowrec.train(spec, resume=run, max_steps=2)
+    assert _files(run) == before
+    result = CliRunner().invoke(app, ["train", str(spec), "--resume", str(run), "--max-steps", "2", "-q"])
+    assert result.exit_code == 2 and "(--out NEW)" in result.output, result.output
+    assert _files(run) == before
