@@ -233,14 +233,17 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
 
     Raises:
         flowrec.spec.errors.SpecError: the spec is not valid (every problem listed).
-        flowrec.runtime.rundir.RunFolderError: `out` is in use, holds a run, or is not a run folder.
+        flowrec.runtime.rundir.RunFolderError: `out` is in use, holds a run, or is not a run folder;
+            `resume` does not exist, holds no run, or its run.json is damaged.
+        flowrec.runtime.checkpoint.store.CheckpointError: `resume`'s checkpoint is damaged.
         flowrec.data.layout.DataError: the data does not fit the spec.
         flowrec.runtime.nonfinite.TrainingStopped: a non-finite loss stopped training.
         KeyboardInterrupt: Ctrl-C, SIGTERM or SIGHUP stopped training; its checkpoint is saved in `out`
             (the message says how to load and continue it: `flowrec.train(SPEC, resume=OUT)`).
         flowrec.runs.errors.RunError: an argument of the wrong kind or out of range (epochs=0, seed=-1,
             a callback that is not callable), or the device, the plan or the memory of this machine
-            cannot run it.
+            cannot run it; `resume` with `overwrite` or another `out`, or with a spec, seed or plan option
+            other than the run's.
     """
     from flowrec.data.layout import DataError
     from flowrec.data.profile import forget_kept_sample
