@@ -403,7 +403,12 @@ def _train_resumed(spec: str | Path | ModelSpec, spec_path: Path, model_spec: Mo
     if (problem := stream_folder_problem(folder, shell_word(label) if not isinstance(spec, ModelSpec) else "SPEC")):
         raise RunFolderError(problem)  # not "nothing to resume: it has no checkpoint.pt or run.json"
     found, refused, trainer, finished = folder_state(folder), False, None, None
-    folder, lock = claim_run_folder(None, folder, False, model_spec.name, "overwrite=True")
+    try:
+        folder, lock = claim_run_folder(None, folder, False, model_spec.name, "overwrite=True")
+    except RunFolderError:
+        if (told := _finished_read_only(folder, given, model_spec, label)) is not None:
+            return _finished(folder, told, given["device"])
+        raise
     try:
         run = read_resumption(folder, given, model_spec, label)
         settings, state = run.settings, run.state
@@ -460,6 +465,28 @@ def _train_resumed(spec: str | Path | ModelSpec, spec_path: Path, model_spec: Mo
     _warn_small_catalogue(session.model)
     _warn_covered_classes(result.eval)
     return Run(session.spec, folder, result, Trained(session.spec, session.model, session.plan, encoder, result.steps))
+
+
+def _finished_read_only(folder: Path, given: dict[str, Any], spec: ModelSpec, label: str) -> str | None:
+    """The finished line of a finished run in a folder this process cannot write (an archived run, a
+    read-only mount: its lock cannot be made), told from its checkpoint as in a folder it can lock
+    (`flowrec train --resume` says it alike); None where it is not told so: the lock's error stands."""
+    from flowrec.data.layout import DataError
+    from flowrec.runs.errors import RunError
+    from flowrec.runs.resume import finished_line, finished_looking_read_only, read_resumption
+    from flowrec.runtime.checkpoint.store import CheckpointError
+    from flowrec.runtime.rundir import RunFolderError
+
+    if not finished_looking_read_only(folder, given, spec):
+        return None
+    try:
+        run = read_resumption(folder, given, spec, label)
+    except (RunError, RunFolderError, CheckpointError, DataError):
+        return None
+    if run.finished is None:
+        return None
+    return finished_line(folder, run.finished.position, run.finished.epochs, run.settings, run.finished.stopper,
+                         python=True)
 
 
 def _finished(folder: Path, line: str, device: str | None) -> Run:

@@ -471,14 +471,12 @@ def _finished_in_read_only(request: RunRequest, spec) -> bool:
     read-only mount), whose lock cannot be made there: said from its checkpoint as in a folder it
     can lock (nothing is written, and nobody writes in a read-only folder meanwhile). False where the
     folder is writable, holds no run.json, or the run is not said finished: the lock's line stands."""
-    import os
     from dataclasses import replace
 
-    from flowrec.runs.finished import looks_finished
-    from flowrec.runtime.rundir import RUN_FILE
+    from flowrec.runs.resume import finished_looking_read_only
 
     folder = request.resume
-    if os.access(folder, os.W_OK) or not (folder / RUN_FILE).is_file() or not looks_finished(folder, request.given, spec):
+    if not finished_looking_read_only(folder, request.given, spec):
         return False
     only = replace(request, finished_only=max(request.finished_only, 1))
     return _said_if_finished(lambda: _train_in(only, spec, folder))

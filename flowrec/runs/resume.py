@@ -308,6 +308,20 @@ def run_spec_class_files(state: dict[str, Any], folder: Path, spec: Any) -> tupl
         raise RunError(str(exc)) from None
 
 
+
+def finished_looking_read_only(folder: Path, given_settings: dict[str, Any], spec: Any) -> bool:
+    """Whether `folder` is a run folder this process cannot write (an archived run, a read-only mount,
+    whose lock cannot be made there) holding a run whose checkpoint looks finished (`looks_finished`):
+    one a resume may tell finished without the lock, writing nothing (nobody writes in a read-only
+    folder meanwhile). False where the folder is writable or holds no run.json: the lock's line stands."""
+    import os
+
+    from flowrec.runs.finished import looks_finished
+    from flowrec.runtime.rundir import RUN_FILE
+
+    return (not os.access(folder, os.W_OK) and (folder / RUN_FILE).is_file()
+            and looks_finished(folder, given_settings, spec))
+
 @dataclass
 class Resumption:
     """A run to go on with, read from its folder (`read_resumption`): its settings (run.json's, given

@@ -275,3 +275,46 @@ def test_an_older_run_on_data_split_again_since_is_refused_in_python_as_on_the_c
     result = CliRunner().invoke(app, ["train", str(spec), "--resume", str(run), "--max-steps", "2", "-q"])
     assert result.exit_code == 2 and "(--out NEW)" in result.output, result.output
     assert _files(run) == before
+
+
+def _read_only(run: Path, monkeypatch) -> None:
+    """Make the run folder read-only: its modes (real for a user); for root, whom modes do not stop,
+    the folder's lock and write check fail as a read-only mount makes them fail (as test_runs9)."""
+    import os
+
+    from flowrec.runtime.rundir import RunLock
+
+    for path in [run, *run.rglob("*")]:
+        path.chmod(path.stat().st_mode & ~0o222)
+    if os.geteuid() != 0:
+        return
+    access = os.access
+
+    def acquire(cls, folder, *a, **k):
+        raise RunFolderError(f"cannot lock run folder {folder}: Read-only file system")
+
+    monkeypatch.setattr(RunLock, "acquire", classmethod(acquire))
+    monkeypatch.setattr(os, "access", lambda p, mode, *a, **k: False if Path(p).absolute() == run.absolute()
+                        and mode & os.W_OK else access(p, mode, *a, **k))
+
+
+def test_a_finished_run_in_a_read_only_folder_is_said_finished_in_python(tmp_path: Path, monkeypatch) -> None:
+    """`flowrec.train(spec, resume=RUN)` of a finished run in a folder it cannot write (an archived run,
+    a read-only mount) raised 'cannot lock run folder RUN: Read-only file system', where `flowrec train
+    --resume` says it is finished: it writes nothing, so it is said finished; one that would train
+    still gets the lock's error."""
+    monkeypatch.chdir(tmp_path)
+    _spec(tmp_path)
+    n = random.randint(2, 4)
+    flowrec.train("t.yaml", out="run", max_steps=n, **_options())
+    before = _files(tmp_path / "run")
+    _read_only(tmp_path / "run", monkeypatch)
+    try:
+        with pytest.warns(UserWarning, match=rf"^run is finished: step {n}, .*max_steps={n}; nothing to train"):
+            run = flowrec.train("t.yaml", resume="run")
+        with pytest.raises(RunFolderError, match="cannot lock run folder run"):
+            flowrec.train("t.yaml", resume="run", max_steps=2 * n)
+    finally:
+        for path in [tmp_path / "run", *(tmp_path / "run").rglob("*")]:
+            path.chmod(path.stat().st_mode | 0o200)
+    assert run.trained.step == n and _files(tmp_path / "run") == before
