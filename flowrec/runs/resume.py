@@ -236,7 +236,7 @@ def finished_from_checkpoint(state: dict[str, Any], spec: Any, plan: Any, settin
 
 
 def stored_run_plan(state: dict[str, Any], folder: Path, spec: Any, starting_from: bool = False,
-                    note: Callable[[str], None] = lambda _: None) -> Any:
+                    note: Callable[[str], None] = lambda _: None, python: bool = False) -> Any:
     """The plan a run was trained with (its checkpoint's), checked against the spec's model; a
     changed model is a `RunError` naming the managed settings that differ (`flowrec.runs.changes`).
     `starting_from`: the run is --init-from's, not a resume's."""
@@ -252,7 +252,7 @@ def stored_run_plan(state: dict[str, Any], folder: Path, spec: Any, starting_fro
     except CheckpointError as exc:
         raise RunError(str(exc), cause=exc) from None
     if stored.spec_fingerprint != model_fingerprint(spec) and not same_class_files(state, folder, spec, note=note):
-        raise RunError(changed_model_line(str(folder), state, spec, starting_from))
+        raise RunError(changed_model_line(str(folder), state, spec, starting_from, python))
     # the plan goes on naming the spec's class files (not an older run's relative ones), with its fingerprint
     return replace(with_class_files(stored, spec), spec_fingerprint=model_fingerprint(spec))
 
@@ -382,7 +382,7 @@ def read_resumption(folder: Path, given_settings: dict[str, Any], spec: Any, spe
             problem = split_since_problem(Path(settings["data"]), folder, python)
         if problem is not None:
             raise RunError(problem)
-    plan = stored_run_plan(state, folder, spec)
+    plan = stored_run_plan(state, folder, spec, python=python)
     if plan.meta.world_size != 1:  # a run of N ranks (`--nproc N`) goes on in this one process
         try:
             plan = resharded(plan, spec, 1)

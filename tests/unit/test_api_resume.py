@@ -318,3 +318,34 @@ def test_a_finished_run_in_a_read_only_folder_is_said_finished_in_python(tmp_pat
         for path in [tmp_path / "run", *(tmp_path / "run").rglob("*")]:
             path.chmod(path.stat().st_mode | 0o200)
     assert run.trained.step == n and _files(tmp_path / "run") == before
+
+
+def test_a_changed_managed_setting_names_the_python_argument_of_a_new_run(tmp_path: Path, monkeypatch) -> None:
+    """`flowrec.train(spec, resume=RUN)` with a managed table's setting changed said 'start a new run
+    (another --out)', a flag of the command line; it names `out=` now, as the command line keeps `--out`."""
+    monkeypatch.chdir(tmp_path)
+    every, rows = random.randint(5, 15), random.randint(30, 80)
+    spec = tmp_path / "mg.yaml"
+    spec.write_text(f"""
+name: mg
+features:
+  - {{name: user, type: categorical, table: users}}
+  - {{name: item, type: categorical, hash_buckets: {random.randint(50, 150)}, dim: 8}}
+tables:
+  - {{name: users, dim: 8, managed: {{rows: {rows}, admit_min_count: 2, evict: lfu, every_steps: {every}}}}}
+modules:
+  - {{name: top, kind: mlp, inputs: ["@sparse"], layers: [8]}}
+heads:
+  - {{name: ctr, input: top}}
+optimizer: {{dense: {{name: adam, lr: 0.001}}, sparse: {{name: adagrad, lr: 0.01}}}}
+training: {{batch_size: 32, epochs: 1}}
+""")
+    flowrec.train("mg.yaml", out="mg", max_steps=2, **_options())
+    spec.write_text(spec.read_text().replace(f"every_steps: {every}", f"every_steps: {every + 1}"))
+    before = _files(tmp_path / "mg")
+    with pytest.raises(RunError, match=rf"managed\.every_steps {every} in the run, {every + 1} in the spec .* to "
+                                       r"resume it, or start a new run \(another out=\) with the new value$"):
+        flowrec.train("mg.yaml", resume="mg", max_steps=4)
+    result = CliRunner().invoke(app, ["train", "mg.yaml", "--resume", "mg", "--max-steps", "4", "-q"])
+    assert result.exit_code == 2 and "(another --out) with the new value" in result.output, result.output
+    assert _files(tmp_path / "mg") == before
