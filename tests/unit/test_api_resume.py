@@ -175,6 +175,9 @@ def test_runs_go_on_across_the_command_line_and_python(tmp_path: Path, monkeypat
         warnings.simplefilter("error")  # the same run resumed again from the other side: finished
         with pytest.raises(UserWarning, match="cli is finished"):
             flowrec.train("t.yaml", resume="cli")
+    for spelled in ("~/cli", "./cli", "cli/", str(home / "cli"), Path("cli"), Path("~/cli"), home / "cli"):
+        with pytest.warns(UserWarning, match=rf"cli is finished: step {2 * n},"):
+            assert flowrec.train(Path("~/t.yaml"), resume=spelled).trained.step == 2 * n, spelled
 
 
 def test_a_run_of_two_ranks_goes_on_in_python_as_on_the_command_line(tmp_path: Path, monkeypatch) -> None:
