@@ -242,7 +242,7 @@ def stored_run_plan(state: dict[str, Any], folder: Path, spec: Any, starting_fro
     `starting_from`: the run is --init-from's, not a resume's."""
     from dataclasses import replace
 
-    from flowrec.graph.plan_io import model_fingerprint, with_class_files
+    from flowrec.graph.plan_io import model_fingerprint as model_id, with_class_files
     from flowrec.runs.changes import changed_model_line
     from flowrec.runtime.checkpoint.store import CheckpointError
     from flowrec.serving.trained import stored_plan
@@ -251,10 +251,10 @@ def stored_run_plan(state: dict[str, Any], folder: Path, spec: Any, starting_fro
         stored = stored_plan(state, str(folder / "checkpoint.pt"))
     except CheckpointError as exc:
         raise RunError(str(exc), cause=exc) from None
-    if stored.spec_fingerprint != model_fingerprint(spec) and not same_class_files(state, folder, spec, note=note):
+    if stored.spec_fingerprint != model_id(spec) and not same_class_files(state, folder, spec, note=note):
         raise RunError(changed_model_line(str(folder), state, spec, starting_from, python))
     # the plan goes on naming the spec's class files (not an older run's relative ones), with its fingerprint
-    return replace(with_class_files(stored, spec), spec_fingerprint=model_fingerprint(spec))
+    return replace(with_class_files(stored, spec), spec_fingerprint=model_id(spec))
 
 
 def same_class_files(state: dict[str, Any], folder: Path, spec: Any, whole: bool = False,
@@ -265,7 +265,7 @@ def same_class_files(state: dict[str, Any], folder: Path, spec: Any, whole: bool
     otherwise (`./blocks.py:X`, its absolute path, its new place) is the same model, and so is a file
     of the same content by another path (a copy: `same_content_class_files`, said by `note`). A file
     found in place of a gone one that is not the file the run trained is a `RunError`."""
-    from flowrec.graph.plan_io import model_fingerprint
+    from flowrec.graph.plan_io import model_fingerprint as model_id
     from flowrec.spec.load import to_dict
     from flowrec.spec.model import identity_doc
 
@@ -276,7 +276,7 @@ def same_class_files(state: dict[str, Any], folder: Path, spec: Any, whole: bool
         return identity_doc(to_dict(old)) == identity_doc(to_dict(spec))
     for line in notes:
         note(line)
-    return model_fingerprint(old) == model_fingerprint(spec)
+    return model_id(old) == model_id(spec)
 
 
 def spec_matches_run(state: dict[str, Any], folder: Path, spec: Any) -> bool:
