@@ -287,12 +287,7 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
         return _train_resumed(spec, spec_path, model_spec, continued, given, progress,
                               lambda trainer: _hooks(trainer, on_step, on_eval, on_checkpoint))
     settings, _ = run_settings(given, model_spec)
-    if rows != DEFAULT_ROWS and (settings["data"] or (model_spec.data is not None and model_spec.data.bound)):
-        import warnings  # as `flowrec train --rows N` with data says: it trained on every row without a word
-
-        warnings.warn(f"rows={rows} is ignored: it sets the rows of synthetic data, and this run trains on every "
-                      f"row of {'data=' + str(settings['data']) if settings['data'] else 'the data the spec binds'} "
-                      "(max_steps=N stops it sooner)", UserWarning, stacklevel=2)
+    _warn_rows_ignored(rows, settings, model_spec)
     found, refused, trainer = folder_state(folder), False, None
     lock = claim_run_folder(folder, None, overwrite, model_spec.name, "overwrite=True",
                             _resume_command(spec, folder))[1] if folder else None
@@ -334,6 +329,17 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
     _warn_small_catalogue(session.model)
     _warn_covered_classes(result.eval)
     return Run(session.spec, folder, result, Trained(session.spec, session.model, session.plan, encoder, result.steps))
+
+
+def _warn_rows_ignored(rows: int, settings: dict[str, Any], spec: ModelSpec, stacklevel: int = 3) -> None:
+    """A UserWarning where `rows` (given, not the default) is ignored: the run trains on data (`data=`,
+    recorded or given, or the spec's binding), every row of it, as `flowrec train --rows N` says."""
+    import warnings  # as `flowrec train --rows N` with data says: it trained on every row without a word
+
+    if rows != DEFAULT_ROWS and (settings["data"] or (spec.data is not None and spec.data.bound)):
+        warnings.warn(f"rows={rows} is ignored: it sets the rows of synthetic data, and this run trains on every "
+                      f"row of {'data=' + str(settings['data']) if settings['data'] else 'the data the spec binds'} "
+                      "(max_steps=N stops it sooner)", UserWarning, stacklevel=stacklevel)
 
 
 def _resumed_folder(resume: str | Path | None, out: str | Path | None, overwrite: bool) -> Path | None:
@@ -416,6 +422,8 @@ def _train_resumed(spec: str | Path | ModelSpec, spec_path: Path, model_spec: Mo
             finished = finished_line(folder, run.finished.position, run.finished.epochs, settings,
                                      run.finished.stopper, python=True)
             return _finished(folder, finished, given["device"])
+        if given["rows"] is not None:
+            _warn_rows_ignored(given["rows"], settings, run.spec, stacklevel=4)
         if state is None:  # stopped before its first checkpoint: from step 0, with its recorded settings
             plan, dev = plan_for_run(run.spec, settings["device"] or "auto", settings["device_budget"], None,
                                      data=settings["data"], epochs=settings.get("epochs"),

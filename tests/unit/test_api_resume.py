@@ -352,3 +352,19 @@ training: {{batch_size: 32, epochs: 1}}
     result = CliRunner().invoke(app, ["train", "mg.yaml", "--resume", "mg", "--max-steps", "4", "-q"])
     assert result.exit_code == 2 and "(another --out) with the new value" in result.output, result.output
     assert _files(tmp_path / "mg") == before
+
+
+def test_rows_given_to_the_resume_of_a_run_on_a_dataset_is_said_ignored(tmp_path: Path, monkeypatch) -> None:
+    """`flowrec.train(spec, resume=RUN, rows=N)` of a run on a dataset trained on every row of it without
+    a word, where a new run (and `flowrec train --resume RUN --rows N`) says that rows= is ignored."""
+    monkeypatch.chdir(tmp_path)
+    _spec(tmp_path)
+    made = CliRunner().invoke(app, ["data", "synth", "t.yaml", "--rows", str(random.randint(200, 400)), "--out", "d",
+                                    "--seed", str(random.randint(0, 99)), "-q"])
+    assert made.exit_code == 0, made.output
+    flowrec.train("t.yaml", data="d", out="a", max_steps=2)
+    rows = random.randint(10, 1000)
+    with pytest.warns(UserWarning, match=rf"^rows={rows} is ignored: it sets the rows of synthetic data, and this run "
+                                         rf"trains on every row of data={tmp_path / 'd'}"):
+        run = flowrec.train("t.yaml", resume="a", max_steps=4, rows=rows)
+    assert run.result.steps == 4
