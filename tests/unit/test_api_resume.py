@@ -116,7 +116,7 @@ def test_a_finished_run_is_said_finished_and_nothing_is_written(tmp_path: Path, 
     assert _files(tmp_path / "a") == before
 
 
-@pytest.mark.parametrize("case", ["spec", "seed", "missing", "out", "overwrite", "checkpoint", "budget"])
+@pytest.mark.parametrize("case", ["spec", "seed", "missing", "out", "overwrite", "checkpoint", "budget", "run.json"])
 def test_a_resume_that_cannot_go_on_is_one_clear_error_and_writes_nothing(tmp_path: Path, monkeypatch,
                                                                          case: str) -> None:
     monkeypatch.chdir(tmp_path)
@@ -128,6 +128,8 @@ def test_a_resume_that_cannot_go_on_is_one_clear_error_and_writes_nothing(tmp_pa
     if case == "checkpoint":
         data = (tmp_path / "a" / "checkpoint.pt").read_bytes()
         (tmp_path / "a" / "checkpoint.pt").write_bytes(data[: random.randint(100, len(data) // 2)])
+    if case == "run.json":
+        (tmp_path / "a" / "run.json").write_text((tmp_path / "a" / "run.json").read_text()[:-random.randint(2, 20)])
     before, listing = _files(tmp_path / "a"), sorted(p.name for p in tmp_path.iterdir())
     expected = {
         "spec": (RunError, r"t\.yaml differs from the spec the run in a was trained with: training\.epochs .*give "
@@ -138,11 +140,14 @@ def test_a_resume_that_cannot_go_on_is_one_clear_error_and_writes_nothing(tmp_pa
         "out": (RunError, "out='b' and resume='a' name different run folders"),
         "overwrite": (RunError, "resume= continues a run and overwrite=True replaces it; give one of them"),
         "checkpoint": (CheckpointError, "checkpoint.pt"),
+        "run.json": (RunFolderError, r"^a/run\.json is damaged \(.*\); it records how the run was started, so the run "
+                                     r"cannot be resumed$"),
         "budget": (RunError, r"resume= continues the run with the plan it was trained with .*device_budget= would "
                              r"not change it"),
     }[case]
     arguments = {"spec": {}, "seed": {"seed": options["seed"] + 1}, "missing": {}, "out": {"out": "b"},
-                 "overwrite": {"overwrite": True}, "checkpoint": {}, "budget": {"device_budget": "1MiB"}}[case]
+                 "overwrite": {"overwrite": True}, "checkpoint": {}, "budget": {"device_budget": "1MiB"},
+                 "run.json": {}}[case]
     with pytest.raises(expected[0], match=expected[1]) as caught:
         flowrec.train("t.yaml", resume="nowhere" if case == "missing" else "a", **arguments)
     assert "\n" not in str(caught.value) and "--" not in str(caught.value).replace("--resume", "")
