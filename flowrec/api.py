@@ -193,7 +193,8 @@ def load(run_dir: str | Path, device: str = "auto") -> Run:
 
 
 def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_data: str | Path | None = None,
-          out: str | Path | None = None, overwrite: bool = False, epochs: int | None = None,
+          out: str | Path | None = None, overwrite: bool = False, resume: str | Path | None = None,
+          epochs: int | None = None,
           max_steps: int | None = None, eval_every: int | None = None, checkpoint_every: int = 0,
           device: str = "auto", device_budget: str | None = None, rows: int = DEFAULT_ROWS, seed: int | None = None,
           cache_data: str | None = None, progress: bool = False, on_step: Callback | None = None, on_eval: Callback | None = None,
@@ -211,9 +212,14 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
             folder (raw data bound in the spec is still encoded into runs/<spec name>/data, as
             `flowrec train` encodes it for its default folder; once: a call started meanwhile
             waits for it, then reuses it; after the raw files changed, a DataError says to remove it).
-            A folder holding a run needs `overwrite=True`; `flowrec train SPEC --resume OUT`
-            continues a run started here.
+            A folder holding a run needs `overwrite=True`, or `resume=` to continue it.
         overwrite: replace the run in `out`.
+        resume: a run folder (of `flowrec.train` or `flowrec train`, also one trained with `--nproc N`)
+            to continue exactly where it stopped, with the settings it was started with (its run.json);
+            options given again override them (an option left at its default keeps the run's value), and
+            the spec must be the one it was trained with. A finished run trains nothing: a UserWarning says
+            it is finished and the run is returned as `flowrec.load` gives it. Not with `out` naming
+            another folder, nor with `overwrite`.
         epochs, max_steps, eval_every, checkpoint_every, device, device_budget, seed: as the
             `flowrec train` options of the same names.
         rows: synthetic training rows when there is no data.
@@ -227,14 +233,17 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
 
     Raises:
         flowrec.spec.errors.SpecError: the spec is not valid (every problem listed).
-        flowrec.runtime.rundir.RunFolderError: `out` is in use, holds a run, or is not a run folder.
+        flowrec.runtime.rundir.RunFolderError: `out` is in use, holds a run, or is not a run folder;
+            `resume` does not exist, holds no run, or its run.json is damaged.
+        flowrec.runtime.checkpoint.store.CheckpointError: `resume`'s checkpoint is damaged.
         flowrec.data.layout.DataError: the data does not fit the spec.
         flowrec.runtime.nonfinite.TrainingStopped: a non-finite loss stopped training.
         KeyboardInterrupt: Ctrl-C, SIGTERM or SIGHUP stopped training; its checkpoint is saved in `out`
-            (the message says how to load and continue it).
+            (the message says how to load and continue it: `flowrec.train(SPEC, resume=OUT)`).
         flowrec.runs.errors.RunError: an argument of the wrong kind or out of range (epochs=0, seed=-1,
             a callback that is not callable), or the device, the plan or the memory of this machine
-            cannot run it.
+            cannot run it; `resume` with `overwrite` or another `out`, or with a spec, seed or plan option
+            other than the run's.
     """
     from flowrec.data.layout import DataError
     from flowrec.data.profile import forget_kept_sample
@@ -253,14 +262,18 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
     from flowrec.serving.trained import Trained
     from flowrec.spec.load import load_spec
 
-    _check_arguments(spec=spec, data=data, eval_data=eval_data, out=out, on_step=on_step, on_eval=on_eval,
-                     on_checkpoint=on_checkpoint, overwrite=overwrite, progress=progress, device=device,
+    _check_arguments(spec=spec, data=data, eval_data=eval_data, out=out, resume=resume, on_step=on_step,
+                     on_eval=on_eval, on_checkpoint=on_checkpoint, overwrite=overwrite, progress=progress, device=device,
                      device_budget=device_budget)
+    continued = _resumed_folder(resume, out, overwrite)
     if isinstance(spec, ModelSpec):
         _check_model_spec(spec)
     spec_path = Path(spec).expanduser() if not isinstance(spec, ModelSpec) else Path.cwd() / f"{spec.name}.yaml"
-    model_spec = _with_custom_widths(load_spec(spec_path) if not isinstance(spec, ModelSpec) else spec,
-                                     str(spec_path) if not isinstance(spec, ModelSpec) else f"ModelSpec {spec.name!r}")
+    loaded = load_spec(spec_path) if not isinstance(spec, ModelSpec) else spec
+    if continued is not None:  # its custom class files as the run finds them (as `flowrec train --resume`)
+        loaded = _run_class_files(loaded, continued)
+    model_spec = _with_custom_widths(loaded, str(spec_path) if not isinstance(spec, ModelSpec)
+                                     else f"ModelSpec {spec.name!r}")
     folder = Path(out).expanduser() if out is not None else None  # '~/runs/x' made a folder named ~ here
     given = {"data": _text(data), "eval_data": _text(eval_data), "rows": _whole(rows), "seed": _whole(seed),
              "device": device, "device_budget": device_budget, "epochs": _whole(epochs),
@@ -270,13 +283,11 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
         problem = given_problem(key, value)
         if problem is not None:
             raise RunError(f"{key} {problem}")
+    if continued is not None:
+        return _train_resumed(spec, spec_path, model_spec, continued, given, progress,
+                              lambda trainer: _hooks(trainer, on_step, on_eval, on_checkpoint))
     settings, _ = run_settings(given, model_spec)
-    if rows != DEFAULT_ROWS and (settings["data"] or (model_spec.data is not None and model_spec.data.bound)):
-        import warnings  # as `flowrec train --rows N` with data says: it trained on every row without a word
-
-        warnings.warn(f"rows={rows} is ignored: it sets the rows of synthetic data, and this run trains on every "
-                      f"row of {'data=' + str(settings['data']) if settings['data'] else 'the data the spec binds'} "
-                      "(max_steps=N stops it sooner)", UserWarning, stacklevel=2)
+    _warn_rows_ignored(rows, settings, model_spec)
     found, refused, trainer = folder_state(folder), False, None
     lock = claim_run_folder(folder, None, overwrite, model_spec.name, "overwrite=True",
                             _resume_command(spec, folder))[1] if folder else None
@@ -318,6 +329,180 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
     _warn_small_catalogue(session.model)
     _warn_covered_classes(result.eval)
     return Run(session.spec, folder, result, Trained(session.spec, session.model, session.plan, encoder, result.steps))
+
+
+def _warn_rows_ignored(rows: int, settings: dict[str, Any], spec: ModelSpec, stacklevel: int = 3) -> None:
+    """A UserWarning where `rows` (given, not the default) is ignored: the run trains on data (`data=`,
+    recorded or given, or the spec's binding), every row of it, as `flowrec train --rows N` says."""
+    import warnings  # as `flowrec train --rows N` with data says: it trained on every row without a word
+
+    if rows != DEFAULT_ROWS and (settings["data"] or (spec.data is not None and spec.data.bound)):
+        warnings.warn(f"rows={rows} is ignored: it sets the rows of synthetic data, and this run trains on every "
+                      f"row of {'data=' + str(settings['data']) if settings['data'] else 'the data the spec binds'} "
+                      "(max_steps=N stops it sooner)", UserWarning, stacklevel=stacklevel)
+
+
+def _resumed_folder(resume: str | Path | None, out: str | Path | None, overwrite: bool) -> Path | None:
+    """The run folder `resume=` names ('~' expanded), None without it; with `overwrite=True`, or
+    `out=` naming another folder, a `RunError` in the words `flowrec train --resume` refuses its flags in."""
+    from flowrec.runs.errors import RunError
+
+    if resume is None:
+        return None
+    folder = Path(resume).expanduser()
+    if overwrite:
+        raise RunError("resume= continues a run and overwrite=True replaces it; give one of them")
+    if out is not None and Path(out).expanduser().absolute() != folder.absolute():
+        raise RunError(f"out={str(out)!r} and resume={str(resume)!r} name different run folders")
+    return folder
+
+
+def _run_class_files(spec: ModelSpec, folder: Path) -> ModelSpec:
+    """`spec` with its custom class files as the run in `folder` finds them (a relative one of an
+    older run, an absolute one gone with the moved run), each moved file said in a UserWarning."""
+    import warnings
+
+    from flowrec.runs.errors import RunError
+    from flowrec.spec.class_paths import run_class_files
+
+    try:
+        spec, notes = run_class_files(spec, folder)
+    except ValueError as exc:
+        raise RunError(str(exc)) from None
+    for line in notes:
+        warnings.warn(line, UserWarning, stacklevel=3)
+    return spec
+
+
+def _train_resumed(spec: str | Path | ModelSpec, spec_path: Path, model_spec: ModelSpec, folder: Path,
+                   given: dict[str, Any], progress: bool, hooks: Callable[[Any], Hooks]) -> Run:
+    """`train(spec, resume=folder)`: the run in `folder` continued where it stopped, as `flowrec
+    train SPEC --resume RUN` continues it in one process (`flowrec.runs.resume`): its recorded
+    settings, `given`'s options over them (one left at its default keeps the run's), its checkpoint's
+    plan, its data checked to be the rows it started on. A finished run is said in a UserWarning
+    and returned loaded, nothing written; a refused one leaves its folder as it was."""
+    from contextlib import nullcontext
+
+    from flowrec.data.layout import DataError
+    from flowrec.data.profile import forget_kept_sample
+    from flowrec.graph.plan_io import plan_json
+    from flowrec.runs.errors import EXIT_USAGE, RunError
+    from flowrec.runs.folder import claim_run_folder
+    from flowrec.runs.plan import plan_for_run
+    from flowrec.runs.resume import (changed_data_line, finished_line, read_resumption, resumed_device,
+                                     stream_folder_problem)
+    from flowrec.runs.settings import write_run_file
+    from flowrec.runs.start import record_encoder, start_session, train_config
+    from flowrec.runtime.checkpoint.store import CHECKPOINT_NAME, CheckpointError
+    from flowrec.runtime.messages import shell_word
+    from flowrec.runtime.nonfinite import TrainingStopped
+    from flowrec.runtime.progress import reading_bar
+    from flowrec.runtime.run_log import MetricsError
+    from flowrec.runtime.rundir import RunFolderError, clear_run_files, folder_state
+    from flowrec.runtime.trainer import Trainer
+    from flowrec.serving.trained import Trained
+    from operators.embedding import restoring_tables
+
+    defaults = {"rows": DEFAULT_ROWS, "device": "auto", "checkpoint_every": 0}  # not given: the run's own
+    given = {key: None if key in defaults and value == defaults[key] else value for key, value in given.items()}
+    label = str(spec) if not isinstance(spec, ModelSpec) else f"ModelSpec {spec.name!r}"
+    if (problem := stream_folder_problem(folder, shell_word(label) if not isinstance(spec, ModelSpec) else "SPEC")):
+        raise RunFolderError(problem)  # not "nothing to resume: it has no checkpoint.pt or run.json"
+    found, refused, trainer, finished = folder_state(folder), False, None, None
+    try:
+        folder, lock = claim_run_folder(None, folder, False, model_spec.name, "overwrite=True")
+    except RunFolderError:
+        if (told := _finished_read_only(folder, given, model_spec, label)) is not None:
+            return _finished(folder, told, given["device"])
+        raise
+    try:
+        run = read_resumption(folder, given, model_spec, label)
+        settings, state = run.settings, run.state
+        if run.finished is not None:  # told from its checkpoint: nothing read, built or written
+            finished = finished_line(folder, run.finished.position, run.finished.epochs, settings,
+                                     run.finished.stopper, python=True)
+            return _finished(folder, finished, given["device"])
+        if given["rows"] is not None:
+            _warn_rows_ignored(given["rows"], settings, run.spec, stacklevel=4)
+        if state is None:  # stopped before its first checkpoint: from step 0, with its recorded settings
+            plan, dev = plan_for_run(run.spec, settings["device"] or "auto", settings["device_budget"], None,
+                                     data=settings["data"], epochs=settings.get("epochs"),
+                                     max_steps=settings.get("max_steps"), progress=reading_bar(progress))
+        else:
+            plan, dev = run.plan, resumed_device(given["device"], run.spec, settings, folder, python=True)
+        with restoring_tables() if state is not None else nullcontext():  # every table from the checkpoint
+            session = start_session(run.spec, spec_path, settings, folder, plan, dev, resumed=True)
+        _warn_label_warnings(session)
+        rows = sum(session.train.partition_rows())
+        if state is not None and settings.get("train_rows") not in (None, rows):
+            session.model.close()
+            raise RunError(changed_data_line(settings, rows, folder, state, python=True))
+        settings["train_rows"] = rows
+        encoder = record_encoder(session, folder, True, None, _warn_line)
+        trainer = Trainer(session.spec, session.plan, session.model, train_config(settings, folder, progress),
+                          plan_json(session.plan))
+        if state is not None:
+            trainer.load_state(state, folder / CHECKPOINT_NAME)
+            state.clear()  # the model has its copy: release the checkpoint's (memory-mapped) tensors
+            if trainer.finished(session.train):  # where the checkpoint alone could not tell (custom modules)
+                session.model.close()
+                finished = finished_line(folder, trainer.position, trainer.epochs, settings, trainer.stopper,
+                                         python=True)
+        else:
+            clear_run_files(folder)
+        if finished is None:
+            write_run_file(folder, settings, run.spec)
+            result = trainer.fit(session.train, session.eval, hooks=hooks(trainer))
+    except RunError as exc:
+        refused = exc.code == EXIT_USAGE
+        raise _typed(exc) from None
+    except (DataError, RunFolderError, CheckpointError, MetricsError, TrainingStopped):  # `flowrec train`'s exit 2
+        refused = True
+        raise
+    except Exception as exc:  # a custom module's own error, as a new run's (`train`)
+        if trainer is not None:
+            _note_custom(exc, trainer)
+        raise
+    finally:
+        forget_kept_sample()
+        lock.release_as_found(found, refused)
+    if finished is not None:
+        return _finished(folder, finished, given["device"])
+    if result.interrupted:
+        raise KeyboardInterrupt(_interrupted_line(result.steps, spec, folder))
+    _warn_small_catalogue(session.model)
+    _warn_covered_classes(result.eval)
+    return Run(session.spec, folder, result, Trained(session.spec, session.model, session.plan, encoder, result.steps))
+
+
+def _finished_read_only(folder: Path, given: dict[str, Any], spec: ModelSpec, label: str) -> str | None:
+    """The finished line of a finished run in a folder this process cannot write (an archived run, a
+    read-only mount: its lock cannot be made), told from its checkpoint as in a folder it can lock
+    (`flowrec train --resume` says it alike); None where it is not told so: the lock's error stands."""
+    from flowrec.data.layout import DataError
+    from flowrec.runs.errors import RunError
+    from flowrec.runs.resume import finished_line, finished_looking_read_only, read_resumption
+    from flowrec.runtime.checkpoint.store import CheckpointError
+    from flowrec.runtime.rundir import RunFolderError
+
+    if not finished_looking_read_only(folder, given, spec):
+        return None
+    try:
+        run = read_resumption(folder, given, spec, label)
+    except (RunError, RunFolderError, CheckpointError, DataError):
+        return None
+    if run.finished is None:
+        return None
+    return finished_line(folder, run.finished.position, run.finished.epochs, run.settings, run.finished.stopper,
+                         python=True)
+
+
+def _finished(folder: Path, line: str, device: str | None) -> Run:
+    """A resumed run found at its end: `line` said in a UserWarning, the run loaded as `load` gives it."""
+    import warnings
+
+    warnings.warn(line, UserWarning, stacklevel=4)  # the caller of `train`
+    return load(folder, device or "auto")
 
 
 def _note_custom(exc: BaseException, trainer: Any) -> None:
@@ -376,22 +561,21 @@ def _warn_covered_classes(metrics: Metrics) -> Metrics:
 
 
 def _resume_command(spec: str | Path | ModelSpec, folder: Path) -> str:
-    """The command that continues the run in `folder` (Python has no resume; the command line has).
+    """The Python call that continues the run in `folder` (a `ModelSpec` is named `spec`).
 
     >>> _resume_command("tiny.yaml", Path("runs/tiny"))
-    '`flowrec train tiny.yaml --resume runs/tiny`'
+    "`flowrec.train('tiny.yaml', resume='runs/tiny')`"
     """
-    from flowrec.runtime.messages import shell_word
+    from flowrec.runs.resume import python_resume_call
 
-    given = shell_word(str(spec)) if not isinstance(spec, ModelSpec) else "SPEC"
-    return f"`flowrec train {given} --resume {shell_word(str(folder))}`"
+    return python_resume_call(repr(str(spec)) if not isinstance(spec, ModelSpec) else "spec", folder)
 
 
 def _interrupted_line(step: int, spec: str | Path | ModelSpec, folder: Path | None) -> str:
     """What a `KeyboardInterrupt` out of `train` says: where the run stopped and how to go on.
 
     >>> _interrupted_line(5, "tiny.yaml", Path("runs/tiny"))
-    "training interrupted after step 5; its checkpoint is in runs/tiny: flowrec.load('runs/tiny') scores it, `flowrec train tiny.yaml --resume runs/tiny` continues it"
+    "training interrupted after step 5; its checkpoint is in runs/tiny: flowrec.load('runs/tiny') scores it, `flowrec.train('tiny.yaml', resume='runs/tiny')` continues it"
     """
     if folder is None:
         return f"training interrupted after step {step} (out=None: nothing was kept)"
@@ -470,7 +654,7 @@ def _check_arguments(**arguments: Any) -> None:
         raise RunError("spec must be a spec file path or a ModelSpec, not the text of a spec: write it to a "
                        "file and give its path")
     _refuse_empty_path("spec", arguments["spec"])
-    for name in ("data", "eval_data", "out"):
+    for name in ("data", "eval_data", "out", "resume"):
         if arguments[name] is not None and not isinstance(arguments[name], (str, os.PathLike)):
             refuse(name, "a folder path (str or pathlib.Path) or None")
         _refuse_empty_path(name, arguments[name])

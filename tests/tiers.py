@@ -58,6 +58,7 @@ FILES: dict[str, frozenset[str]] = {
     "tests/unit/test_walk7.py": FAST,  # a seventh walk of README.md and docs/guide.md as a new user
     "tests/unit/test_runs8.py": FAST,  # resuming a finished run, eval and export of a run: round 8
     "tests/unit/test_runs9.py": FAST,  # a finished run's full load on request, its --nproc resume; damaged runs
+    "tests/unit/test_api_resume.py": FAST,  # flowrec.train(spec, resume=RUN): bitwise, finished, refused, CLI <-> Python
     "tests/unit/test_walk8.py": FAST,  # an eighth walk: the Python API and the model language, as a demanding user
     "tests/unit/test_precision_note.py": FAST,  # bf16 where the CPU has no bf16 kernels: warned, doctor says so
     "tests/unit/test_lowp.py": FAST,  # bf16 products as fp32 products of bf16 values where the CPU has no bf16 kernels
@@ -120,6 +121,8 @@ FILES: dict[str, frozenset[str]] = {
 
 # single tests whose cost differs from their file's ("file::test name", parameters left out)
 TESTS: dict[str, frozenset[str]] = {
+    "tests/unit/test_api_resume.py::test_a_run_of_two_ranks_goes_on_in_python_as_on_the_command_line":
+        frozenset({"processes"}),
     "tests/unit/test_serving_hostile.py::test_the_separator_note_reads_a_spec_with_data_options": frozenset(),
     "tests/unit/test_custom_hostile.py::test_a_command_whose_class_file_left_a_thread_running_ends": frozenset({"processes"}),
     "tests/unit/test_custom_guards.py::test_os_exit_in_a_class_file_ends_flowrec_with_a_failure_and_one_line":

@@ -411,12 +411,12 @@ def _check_options(request: RunRequest) -> None:
              f"not {request.dist_timeout!r}")
     if request.resume is not None and request.overwrite:
         fail("--resume continues a run and --overwrite replaces it; give one of them")
-    from flowrec.cli.streams import is_stream_folder, refuse_stream_folder
+    from flowrec.cli.streams import refuse_stream_folder
+    from flowrec.runs.resume import stream_folder_problem
 
-    if request.resume is not None and is_stream_folder(request.resume):  # not "no checkpoint.pt or run.json"
-        fail(f"{request.resume} is a --follow stream folder: continue it with the command that follows it, "
-             f"flowrec train {shell_word(str(request.spec_path))} --follow DAYS --out "
-             f"{shell_word(str(request.resume))} (it resumes a day cut short)")
+    if request.resume is not None and (problem := stream_folder_problem(request.resume, shell_word(
+            str(request.spec_path)))):  # not "no checkpoint.pt or run.json"
+        fail(problem)
     if request.init_from is not None:
         refuse_stream_folder(request.init_from, "start from")
     if request.init_from is not None and request.resume is not None:
@@ -471,14 +471,12 @@ def _finished_in_read_only(request: RunRequest, spec) -> bool:
     read-only mount), whose lock cannot be made there: said from its checkpoint as in a folder it
     can lock (nothing is written, and nobody writes in a read-only folder meanwhile). False where the
     folder is writable, holds no run.json, or the run is not said finished: the lock's line stands."""
-    import os
     from dataclasses import replace
 
-    from flowrec.runs.finished import looks_finished
-    from flowrec.runtime.rundir import RUN_FILE
+    from flowrec.runs.resume import finished_looking_read_only
 
     folder = request.resume
-    if os.access(folder, os.W_OK) or not (folder / RUN_FILE).is_file() or not looks_finished(folder, request.given, spec):
+    if not finished_looking_read_only(folder, request.given, spec):
         return False
     only = replace(request, finished_only=max(request.finished_only, 1))
     return _said_if_finished(lambda: _train_in(only, spec, folder))
@@ -698,92 +696,42 @@ def _train_in_folder(request: RunRequest, spec, folder: Path, world=None) -> Non
 
 
 def _refuse_older_split_again(spec, folder: Path) -> None:
-    """A run of an older flowrec (its run.json records no `train_rows`, written since 2026-12-05) on
-    its spec's bound data split by a seed, whose RUN/data is gone: encoding that data again may
-    split it otherwise than the older flowrec did (`flowrec.data.convert.SPLIT_RULE`), so the
-    checkpoint's epoch and batch would go on in other rows and its evaluations score rows it trained
-    on, without a word. One line and exit 2, before anything is encoded."""
-    from flowrec.data.convert import seeded_split
-    from flowrec.data.layout import META_FILE
+    """A run of an older flowrec on its spec's bound data split by a seed, whose RUN/data is gone
+    (`flowrec.runs.resume.older_split_problem`): one line and exit 2, before anything is encoded."""
+    from flowrec.runs.resume import older_split_problem
 
-    data = folder / "data"
-    if (data / META_FILE).is_file() or (data / "train" / META_FILE).is_file():
-        return  # its encoding is there: resumed as it is (a lost part is named when it is read)
-    if not seeded_split(dict(spec.data.options)):
-        return  # no seeded split: encoding the data again gives the same rows
-    fail(f"{data} is gone, and the run in {folder} was trained by a flowrec of before 2026-12-05 (its run.json "
-         f"records no train_rows) on the spec's data split into train and test by a seed, which this flowrec "
-         f"splits otherwise: encoding it again would continue the run on other rows and evaluate it on rows it "
-         f"trained on; put {data} back, or start over with --out {folder} --overwrite")
+    if (problem := older_split_problem(spec, folder)) is not None:
+        fail(problem)
 
 
 def _refuse_split_since(data: Path, folder: Path) -> None:
-    """A run of a flowrec of before 2026-12-05 (no `train_rows` in its run.json) resumed on its
-    --data folder, split since by this flowrec (its record names the split rule, written since
-    2026-12-06): the folder was converted again after the run started, with another draw of the
-    test rows, so the run would go on in other rows and evaluate on rows it trained on. One line."""
-    from flowrec.data.layout import META_FILE
-    from flowrec.runs.recorded import resplit_since_start
+    """A run of a flowrec of before 2026-12-05 resumed on its --data folder, split since by this flowrec
+    (`flowrec.runs.resume.split_since_problem`): one line and exit 2."""
+    from flowrec.runs.resume import split_since_problem
 
-    split = resplit_since_start(folder, data)
-    if split is None:
-        return
-    fail(f"{data} was converted again since the run in {folder} started: its train/test split is this flowrec's "
-         f"(its train/{META_FILE} names split rule {split.get('split_rule')}), and the flowrec of before "
-         f"2026-12-05 that trained the run (its run.json records no train_rows) drew the test rows otherwise, so "
-         f"the run would go on in other rows and evaluate on rows it trained on; put the data it trained on "
-         f"back, or start a new run on this data (--out NEW)")
+    if (problem := split_since_problem(data, folder)) is not None:
+        fail(problem)
 
 
 def _check_recorded_data(given: dict, settings: dict, folder: Path, world=None) -> None:
     """Exit 2 when the --data or --eval-data a resumed run recorded (run.json) is gone: it said only
     'dataset directory not found: PATH', a path the user did not give on this command line (under
     --nproc N, rank 0's line alone)."""
-    for key, flag in (("data", "--data"), ("eval_data", "--eval-data")):
-        if given.get(key) is None and settings.get(key) and not Path(settings[key]).exists():
-            _refuse(f"{folder} was trained with {flag} {settings[key]}, which is gone (moved or removed): give "
-                    f"{flag} DIR, that dataset where it is now", world)
+    from flowrec.runs.resume import recorded_data_problem
+
+    if (problem := recorded_data_problem(given, settings, folder)) is not None:
+        _refuse(problem, world)
 
 
 def _refuse_plan_flags(given: dict, recorded: dict | None, parent: Path | str | None) -> None:
     """A run resumed from its checkpoint (`recorded`: its run.json) trains the plan it was trained
     with, one started from a `parent` run trains the parent's: a flag that makes a plan would change
     nothing, and was ignored without a word (--resume even said it overrides the recorded value).
-    One line and exit 2 naming them; on --resume, a flag given as recorded is no change."""
-    from flowrec.runs.settings import PLAN_FLAGS, same_setting
+    One line and exit 2 naming them (`flowrec.runs.resume.plan_options_problem`)."""
+    from flowrec.runs.resume import plan_options_problem
 
-    if recorded is None and parent is None:
-        return
-    flags = [flag for key, flag in PLAN_FLAGS if given.get(key) is not None
-             and not (recorded is not None and same_setting(key, given[key], recorded.get(key)))]
-    if not flags:
-        return
-    if recorded is not None:
-        fail(f"--resume continues the run with the plan it was trained with (its plan.json): {', '.join(flags)} "
-             f"would not change it; leave {'it' if len(flags) == 1 else 'them'} out, or start a new run")
-    fail(f"--init-from {parent} trains that run's plan: {', '.join(flags)} would not change it; leave "
-         f"{'it' if len(flags) == 1 else 'them'} out, or start a new run without --init-from")
-
-
-def _spec_changed_line(spec_path: Path, folder: Path, state: dict, spec) -> str:
-    """The one line refusing to resume a run with a spec that differs outside the model (its seed,
-    epochs, schedule, evaluation, description...): what differs, and the flag that does it where one does."""
-    from flowrec.runs.changes import document_differences, listed
-    from flowrec.spec.load import to_dict
-    from flowrec.spec.model import identity_doc
-
-    line = f"{spec_path} differs from the spec the run in {folder} was trained with"
-    try:
-        found = document_differences(identity_doc(json.loads(state["spec"])), identity_doc(to_dict(spec)))
-    except (ValueError, TypeError):
-        found = []
-    if found:
-        line += f": {listed(found)}"
-    flags = [flag for key, flag in (("training.epochs ", "--epochs"), ("training.eval_every ", "--eval-every"))
-             if any(f.startswith(key) for f in found)]
-    hint = f"; to change that, keep the spec as it was and give {' and '.join(flags)} on the command line" \
-        if flags else ""
-    return f"{line} (see {folder}/spec.json){hint}"
+    if (problem := plan_options_problem(given, recorded, parent)) is not None:
+        fail(problem)
 
 
 def _refuse(message: str, world=None) -> None:
@@ -798,19 +746,15 @@ def _refuse(message: str, world=None) -> None:
 def _check_resumed_seed(seed: int | None, state: dict, folder: Path, world=None) -> None:
     """A resumed run keeps the seed it was trained with (its data order, synthetic rows and dropout
     follow from it): another --seed is refused here, in its own words, before any data is read."""
-    if seed is None:
-        return
-    try:
-        trained = json.loads(state["spec"])["training"]["seed"]
-    except (ValueError, TypeError, KeyError):
-        return  # the spec check names a damaged record
-    if seed != trained:
-        _refuse(f"--seed {seed} differs from the seed the run in {folder} was trained with ({trained}); a resumed "
-             f"run keeps its seed: leave --seed out, or start a new run (another --out) with it", world)
+    from flowrec.runs.resume import seed_problem
+
+    if (problem := seed_problem(seed, state, folder)) is not None:
+        _refuse(problem, world)
 
 
 def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | None, world=None) -> None:
     from flowrec.runs.plan import device_for_run, plan_for_run
+    from flowrec.runs.resume import changed_data_line, resumed_device, spec_changed_line
     from flowrec.runtime.progress import reading_bar
     from flowrec.runs.settings import write_run_file
     from flowrec.data.layout import DataError
@@ -826,8 +770,6 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     from dataclasses import replace
 
     from operators.embedding import restoring_tables
-    from flowrec.spec.load import to_dict
-    from flowrec.spec.model import identity_doc
 
     if request.finished_only and state is None:
         raise _Unanswered()  # no checkpoint: nothing to say finished
@@ -851,15 +793,15 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     if state is not None:  # the spec the session trains (`session.prepare`), checked before any data is read
         trained = spec if settings["seed"] is None else replace(spec, training=replace(spec.training,
                                                                                          seed=settings["seed"]))
-        if identity_doc(json.loads(state["spec"])) != identity_doc(to_dict(trained)) \
-                and not _same_class_files(state, folder, trained, whole=True, world=world):
-            _refuse(_spec_changed_line(request.spec_path, folder, state, trained), world)
+        if not _spec_matches_run(state, folder, trained, world):
+            _refuse(spec_changed_line(request.spec_path, folder, state, trained), world)
         if world is None and _said_finished(request, folder, state, spec, plan, settings):
             return  # told from its checkpoint, before its data is read and its model built
         if request.finished_only:
             raise _Unanswered()
         _check_recorded_data(request.given, settings, folder, world)  # a finished run reads none
-        resumed_on = _resumed_device(request, spec, settings, folder)  # refused where this machine lacks it
+        resumed_on = resumed_device(request.given.get("device"), spec, settings, folder)  # refused where
+        # this machine lacks it
         device = device if world is not None else resumed_on  # a rank's device is its world's
 
     preparing = [False]  # rank 0 between `before` and `after`: the others wait to learn how its data went
@@ -890,11 +832,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
     _say(session.data_note)
     rows = sum(session.train.partition_rows())
     if state is not None and settings.get("train_rows") not in (None, rows):
-        data, at = settings["data"] or "the spec's data", state.get("position") or {}
-        fail(f"the training data of the run in {folder} changed since it started: {data} holds {rows:,} rows, the "
-             f"run started on {settings['train_rows']:,} (its checkpoint's position, epoch {at.get('epoch')} batch "
-             f"{at.get('batch')}, is a place in those); put that data back to continue, or train on this data in a "
-             f"new run from this one: --init-from {folder} --out NEW")
+        fail(changed_data_line(settings, rows, folder, state))
     settings["train_rows"] = rows  # recorded in run.json: a resume checks its data against it
     _check_loop_settings(session, settings.get("data"))
     if world is None or world.lead:
@@ -1009,24 +947,6 @@ def _resume_command(spec_path: Path, folder: Path) -> str:
     nproc = launched_nproc()
     return (f"flowrec train {shell_word(str(spec_path))} --resume {shell_word(str(folder))}"
             f"{f' --nproc {nproc}' if nproc and nproc > 1 else ''}")
-
-
-def _resumed_device(request: RunRequest, spec, settings: dict, folder: Path):
-    """The device a resumed run goes on training on. One its run.json records that this machine
-    cannot give (a run trained on a GPU machine, resumed on another) was refused as '--device cuda
-    was asked for', a flag this command never gave: the line names the run's record."""
-    from flowrec.runs.errors import RunError
-    from flowrec.runs.plan import device_for_run
-
-    try:
-        return device_for_run(spec, settings["device"] or "auto")
-    except RunError as exc:
-        recorded = settings.get("device")
-        if request.given.get("device") is not None or recorded in (None, "auto"):
-            raise
-        raise RunError(f"{folder} was trained with --device {recorded} (its run.json records it), which this "
-                       f"machine cannot give; give --device cpu or auto to continue it here (`flowrec doctor` "
-                       f"shows the devices it finds)", exc.code) from None
 
 
 def _for_ranks(plan, spec, ranks: int):
@@ -1240,70 +1160,46 @@ def _init_from_plan_or_exit(parent: dict, settings: dict, spec, world, ranks: in
 
 
 def _stored_plan_or_exit(state: dict, folder: Path, spec, starting_from: bool = False, world=None):
-    """The plan a run was trained with (its checkpoint's), checked against the spec's model; a
-    changed model is refused in one line naming the managed settings that differ
-    (`flowrec.runs.changes`). `starting_from`: the run is --init-from's, not --resume's."""
-    from dataclasses import replace
-
-    from flowrec.graph.plan_io import model_fingerprint, with_class_files
-    from flowrec.runs.changes import changed_model_line
-    from flowrec.runtime.checkpoint.store import CheckpointError
-    from flowrec.serving.trained import stored_plan
+    """The plan a run was trained with (its checkpoint's), checked against the spec's model
+    (`flowrec.runs.resume.stored_run_plan`); a changed model is refused in one line naming the managed
+    settings that differ. `starting_from`: the run is --init-from's, not --resume's."""
+    from flowrec.runs.errors import RunError
+    from flowrec.runs.resume import stored_run_plan
 
     try:
-        stored = stored_plan(state, str(folder / "checkpoint.pt"))
-    except CheckpointError as exc:
+        return stored_run_plan(state, folder, spec, starting_from, note=lambda line: _say(f"note: {line}"))
+    except RunError as exc:
         _refuse(str(exc), world)
-    if stored.spec_fingerprint != model_fingerprint(spec) and not _same_class_files(state, folder, spec, world=world):
-        _refuse(changed_model_line(str(folder), state, spec, starting_from), world)
-    # the plan goes on naming the spec's class files (not an older run's relative ones), with its fingerprint
-    return replace(with_class_files(stored, spec), spec_fingerprint=model_fingerprint(spec))
 
 
-def _same_class_files(state: dict, folder: Path, spec, whole: bool = False, world=None) -> bool:
-    """The run's model (`whole`: its whole spec) is the spec's once the run's custom class files are
-    resolved where the run finds them (`run_class_files`: a relative one, as a flowrec of before
-    2026-12-06 recorded them, or an absolute one gone with the moved run): the same file written
-    otherwise (`./blocks.py:X`, its absolute path, its new place) is the same model, and so is a file
-    of the same content by another path (a copy: `same_content_class_files`, said in a note). A file
-    found in place of a gone one that is not the file the run trained is refused in one line."""
-    from flowrec.graph.plan_io import model_fingerprint
-    from flowrec.spec.load import to_dict
-    from flowrec.spec.model import identity_doc
+def _spec_matches_run(state: dict, folder: Path, spec, world=None) -> bool:
+    """`flowrec.runs.resume.spec_matches_run`, a class file that is not the run's refused in one line."""
+    from flowrec.runs.errors import RunError
+    from flowrec.runs.resume import spec_matches_run
 
-    old, notes = _run_spec_class_files(state, folder, spec, world)
-    if old is None or not any(m.kind == "custom" for m in old.modules):
-        return False
-    if not whole:  # said once: the whole-spec check follows it for --resume
-        for line in notes:
-            _say(f"note: {line}")
-    if whole:
-        return identity_doc(to_dict(old)) == identity_doc(to_dict(spec))
-    return model_fingerprint(old) == model_fingerprint(spec)
+    try:
+        return spec_matches_run(state, folder, spec)
+    except RunError as exc:
+        _refuse(str(exc), world)
 
 
 def _run_spec_class_files(state: dict, folder: Path, spec, world=None) -> tuple[Any, list[str]]:
-    """The run's recorded spec (None where it recorded none) with its custom class files resolved
-    as `_same_class_files` says (where the run finds them; a file of the same content the spec names
-    by another path), and the notes saying so."""
-    from flowrec.runs.changes import recorded_spec
-    from flowrec.spec.class_paths import recorded_digests, run_class_files, same_content_class_files
+    """`flowrec.runs.resume.run_spec_class_files`, a class file that is not the run's refused in one line."""
+    from flowrec.runs.errors import RunError
+    from flowrec.runs.resume import run_spec_class_files
 
-    old = recorded_spec(state)
-    if old is None or not any(m.kind == "custom" for m in old.modules):
-        return old, []
     try:
-        old = run_class_files(old, _run_folder(folder))[0]  # --init-from may name a checkpoint file
-        # a copy of the class file, or the file moved, with the content the run trained is the same model
-        return same_content_class_files(old, spec, recorded_digests(_run_folder(folder)))
-    except ValueError as exc:
+        return run_spec_class_files(state, folder, spec)
+    except RunError as exc:
         _refuse(str(exc), world)
 
 
 def _say_finished(request: RunRequest, folder: Path, position, epochs: int, settings: dict, stopper=None) -> None:
     """A resumed run at its end: its line (`_finished_line`) and, with --json, its document on stdout
     (a script reading it got nothing): the run folder, its step and epoch, `finished: true`, the line."""
-    line = _finished_line(folder, position, epochs, settings, stopper)
+    from flowrec.runs.resume import finished_line
+
+    line = finished_line(folder, position, epochs, settings, stopper)
     _say(line)
     if request.json_out and is_lead_rank():
         _print_json({"run_dir": str(folder), "finished": True, "steps": position.step, "epoch": position.epoch,
@@ -1318,40 +1214,16 @@ def _print_json(doc: dict, json_lines: bool) -> None:
 
 
 def _said_finished(request: RunRequest, folder: Path, state: dict, spec, plan, settings: dict) -> bool:
-    """Say a resumed run is finished where its checkpoint shows it (`flowrec.runs.finished`: its
-    position and its fit to the model, checked on the meta device), as the loaded run says it:
-    reading its data, building its model and loading its tables took 45-54 s on dlrm_criteo.
-    False where the run must be loaded to tell (a checkpoint that does not fit says so there)."""
-    from flowrec.planner.contract import PlanError, resharded
-    from flowrec.runs.finished import finished_run
-    from flowrec.runtime.checkpoint.store import CHECKPOINT_NAME
+    """Say a resumed run is finished where its checkpoint shows it (`flowrec.runs.resume.finished_from_checkpoint`),
+    as the loaded run says it: reading its data, building its model and loading its tables took 45-54 s on
+    dlrm_criteo. False where the run must be loaded to tell (a checkpoint that does not fit says so there)."""
+    from flowrec.runs.resume import finished_from_checkpoint
 
-    if plan.meta.world_size != 1:  # before a launch of N ranks (`_finished_before_launch`): one process's model
-        try:
-            plan = resharded(plan, spec, 1)
-        except PlanError:
-            return False
-    done = finished_run(state, spec, plan, settings, folder / CHECKPOINT_NAME)
+    done = finished_from_checkpoint(state, spec, plan, settings, folder)
     if done is None:
         return False
-    state.clear()  # release the checkpoint's (memory-mapped) tensors
     _say_finished(request, folder, done.position, done.epochs, settings, done.stopper)
     return True
-
-
-def _finished_line(folder: Path, pos, epochs: int, settings: dict, stopper=None) -> str:
-    """The line of a run at its end: `pos` its position, `epochs` those it trains, `stopper` its
-    early stopper (None without early stopping)."""
-    if stopper is not None and stopper.state.stopped:
-        return (f"{folder} stopped early at step {pos.step} ({stopper.watched} did not improve); "
-                f"its best checkpoint (step {stopper.state.best_step}) is in {folder / 'best'}")
-    limit = f", --max-steps {settings['max_steps']}" if settings["max_steps"] is not None else ""
-    # the limit it reached is the one to raise: a larger --epochs alone trained nothing past --max-steps
-    by_steps = settings["max_steps"] is not None and pos.step >= settings["max_steps"]
-    by_epochs = pos.epoch >= epochs
-    raise_ = " and ".join(flag for flag, reached in (("--epochs", by_epochs), ("--max-steps", by_steps)) if reached)
-    return (f"{folder} is finished: step {pos.step}, epoch {pos.epoch} of {epochs}{limit}; "
-            f"nothing to train (give a larger {raise_ or '--epochs or --max-steps'} to train further)")
 
 
 def _listing(folder: Path) -> list[str]:

@@ -103,7 +103,8 @@ def _value(value: Any) -> str:
         else str(value)
 
 
-def changed_model_line(folder: str, state: dict[str, Any], spec: ModelSpec, starting_from: bool) -> str:
+def changed_model_line(folder: str, state: dict[str, Any], spec: ModelSpec, starting_from: bool,
+                       python: bool = False) -> str:
     """The one line refusing `spec` for the run in `folder` (whose checkpoint is `state`): the
     managed settings that differ, with what to do, or the generic line when none does.
 
@@ -112,6 +113,7 @@ def changed_model_line(folder: str, state: dict[str, Any], spec: ModelSpec, star
         state: its checkpoint (the `spec` entry is read).
         spec: the spec given.
         starting_from: True for `--init-from` (a new run from that one), False for `--resume`.
+        python: the resume is `flowrec.train(resume=)`'s: a new run is named by its argument (`out=`).
 
     Returns:
         The line, without "error: ".
@@ -127,8 +129,9 @@ def changed_model_line(folder: str, state: dict[str, Any], spec: ModelSpec, star
             return line
         return f"{line}: {listed(found)} (compare the spec with {folder}/spec.json)"
     keep = ", ".join(c.keep() for c in changes)
+    new_run = "out=" if python else "--out"
     todo = (f"keep {keep} to start from this run, or train without --init-from" if starting_from
-            else f"keep {keep} to resume it, or start a new run (another --out) with the new "
+            else f"keep {keep} to resume it, or start a new run (another {new_run}) with the new "
                  f"value{'s' if len(changes) > 1 else ''}")
     more = "" if _only_managed_differs(old, spec) else \
         f". Other parts of the model differ too (compare the spec with {folder}/spec.json)"

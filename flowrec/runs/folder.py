@@ -27,8 +27,8 @@ def claim_run_folder(out: Path | None, resume: Path | None, overwrite: bool, nam
     checkpoint only with it: without its settings a resume trained the defaults' data), else `out`
     (new, empty, or a run folder; one holding a run needs `overwrite`), else runs/<name>, numbered
     if taken. Raises `RunFolderError` (one line; `replace_with` names how the caller replaces a
-    run: the CLI's flag or the API's argument, and `resume_with` how it continues the run in `out`, by
-    default `--resume OUT`: the API has no resume, the command line does); release the lock when the run ends.
+    run: the CLI's flag or the API's argument, which also says how the rest is named, and `resume_with` how
+    it continues the run in `out`, by default `--resume OUT`); release the lock when the run ends.
 
     A folder whose checkpoint.pt was lost (deleted, moved) after the run wrote it
     (`flowrec.runtime.rundir.lost_checkpoint`) is neither resumed from step 0 nor trained into
@@ -43,20 +43,23 @@ def claim_run_folder(out: Path | None, resume: Path | None, overwrite: bool, nam
         if not has_run(folder) and not (folder / RUN_FILE).is_file():
             raise RunFolderError(f"nothing to resume: {folder} has no checkpoint.pt or run.json")
         if run_folder_of(folder) != folder:  # RUN/best: its 'run.json is missing' line said to --overwrite it
+            python = not replace_with.startswith("--")  # flowrec.train(resume=RUN/best)
+            again = f"resume={str(run_folder_of(folder))!r}" if python else f"--resume {run_folder_of(folder)}"
+            start = f"--init-from {folder} --out NEW"
+            start = f"`flowrec train SPEC {start}`" if python else start
             raise RunFolderError(f"{folder} is the best checkpoint of the run in {run_folder_of(folder)} (early "
-                                 f"stopping writes it), not a run folder: continue that run with --resume "
-                                 f"{run_folder_of(folder)}, or train a new run from this checkpoint with "
-                                 f"--init-from {folder} --out NEW")
+                                 f"stopping writes it), not a run folder: continue that run with {again}, or train "
+                                 f"a new run from this checkpoint with {start}")
         lock = open_folder(folder)
         _refuse_lost_checkpoint(folder, lock, f"put it back to continue, or start the run over with "
-                                              f"--out {folder} {replace_with}")
+                                              f"{_out_again(folder, replace_with)}")
         if has_run(folder) and not (folder / RUN_FILE).is_file():  # the settings below the checkpoint
             lock.release()
             kind = not_a_file(folder / RUN_FILE)
             raise RunFolderError(f"{folder}/{RUN_FILE} is {f'{kind}, not the file the run wrote' if kind else 'missing'}: it records the data, rows, epochs and every "
                                  f"other setting the run was started with, without which the checkpoint would "
                                  f"go on training other data; put it back to continue, or start the run over "
-                                 f"with --out {folder} {replace_with}")
+                                 f"with {_out_again(folder, replace_with)}")
         return folder, lock
     if out is None:
         _check_not_inside_owned(Path("runs") / name)
@@ -76,6 +79,15 @@ def claim_run_folder(out: Path | None, resume: Path | None, overwrite: bool, nam
         raise RunFolderError(f"{out} already holds a run (checkpoint.pt): continue it with "
                              f"{resume_with or f'--resume {out}'}, or replace it with {replace_with}")
     return out, lock
+
+
+def _out_again(folder: Path, replace_with: str) -> str:
+    """How the caller trains a new run into `folder`: `--out F --overwrite`, or in Python `out='F', overwrite=True`.
+
+    >>> _out_again(Path("runs/a"), "--overwrite"), _out_again(Path("runs/a"), "overwrite=True")
+    ('--out runs/a --overwrite', "out='runs/a', overwrite=True")
+    """
+    return f"--out {folder} {replace_with}" if replace_with.startswith("--") else f"out={str(folder)!r}, {replace_with}"
 
 
 def _refuse_lost_checkpoint(folder: Path, lock: Any, remedy: str) -> None:

@@ -16,7 +16,7 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "python.md"
 
 def test_the_documented_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.S)
-    assert len(blocks) == 2
+    assert len(blocks) == 3
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(DOC.parents[1]), os.environ.get("PYTHONPATH", "")]))
     namespace: dict = {}
@@ -177,7 +177,7 @@ def test_ctrl_c_saves_a_checkpoint_then_stops_the_caller(tmp_path: Path, monkeyp
             flowrec.train("s.yaml", out=f"run{seed}", rows=1000, max_steps=6, seed=seed, on_step=on_step)
     assert started == [1]
     assert str(caught.value) == ("training interrupted after step 2; its checkpoint is in run1: flowrec.load('run1') "
-                                 "scores it, `flowrec train s.yaml --resume run1` continues it")
+                                 "scores it, `flowrec.train('s.yaml', resume='run1')` continues it")
     assert repr(flowrec.load("run1")) == "Run('tiny', run_dir='run1', step=2)"
 
 

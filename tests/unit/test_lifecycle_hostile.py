@@ -1473,7 +1473,7 @@ def test_the_folder_of_a_distributed_run_is_a_run_folder_and_overwrite_removes_i
 
 def test_a_python_run_into_a_folder_holding_a_run_names_the_command_that_continues_it(tmp_path: Path, monkeypatch):
     # flowrec.train(spec, out=RUN) of a folder holding a run said "continue it with --resume RUN, or replace it
-    # with overwrite=True": flowrec.train takes no resume= (a TypeError), the command line does
+    # with overwrite=True": flowrec.train took no resume= then (a TypeError); now it names the Python call
     monkeypatch.chdir(tmp_path)
     Path("my spec.yaml").write_text(
         "name: mine\nfeatures:\n  - {name: price, type: dense}\n"
@@ -1489,7 +1489,7 @@ def test_a_python_run_into_a_folder_holding_a_run_names_the_command_that_continu
     with pytest.raises(RunFolderError) as caught:
         flowrec.train("my spec.yaml", out=run, rows=500, max_steps=2)
     line = str(caught.value)
-    assert "continue it with `flowrec train 'my spec.yaml' --resume runs/first`, or replace it with overwrite=True" \
+    assert "continue it with `flowrec.train('my spec.yaml', resume='runs/first')`, or replace it with overwrite=True" \
         in line, line
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.name != ".flowrec.lock"} == files
     result = CliRunner().invoke(app, ["train", "my spec.yaml", "--rows", "500", "--out", str(run)])
