@@ -288,7 +288,7 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
                               lambda trainer: _hooks(trainer, on_step, on_eval, on_checkpoint))
     settings, _ = run_settings(given, model_spec)
     _warn_rows_ignored(rows, settings, model_spec)
-    found, refused, trainer = folder_state(folder), False, None
+    found, refused, trainer, session = folder_state(folder), False, None, None
     lock = claim_run_folder(folder, None, overwrite, model_spec.name, "overwrite=True",
                             _resume_command(spec, folder))[1] if folder else None
     try:
@@ -320,6 +320,8 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
             _note_custom(exc, trainer)
         raise
     finally:
+        if session is not None:  # its reader threads, Dask cluster and row cache; its check record saved
+            session.close_data()
         forget_kept_sample()  # a run that stopped before its hot set was chosen holds no sample
         if lock is not None:  # a refused run leaves no folder it made, an empty one empty (as `flowrec train`)
             lock.release_as_found(found, refused)
@@ -408,7 +410,7 @@ def _train_resumed(spec: str | Path | ModelSpec, spec_path: Path, model_spec: Mo
     label = str(spec) if not isinstance(spec, ModelSpec) else f"ModelSpec {spec.name!r}"
     if (problem := stream_folder_problem(folder, shell_word(label) if not isinstance(spec, ModelSpec) else "SPEC")):
         raise RunFolderError(problem)  # not "nothing to resume: it has no checkpoint.pt or run.json"
-    found, refused, trainer, finished = folder_state(folder), False, None, None
+    found, refused, trainer, finished, session = folder_state(folder), False, None, None, None
     try:
         folder, lock = claim_run_folder(None, folder, False, model_spec.name, "overwrite=True")
     except RunFolderError:
@@ -464,6 +466,8 @@ def _train_resumed(spec: str | Path | ModelSpec, spec_path: Path, model_spec: Mo
             _note_custom(exc, trainer)
         raise
     finally:
+        if session is not None:
+            session.close_data()
         forget_kept_sample()
         lock.release_as_found(found, refused)
     if finished is not None:

@@ -373,3 +373,34 @@ def test_rows_given_to_the_resume_of_a_run_on_a_dataset_is_said_ignored(tmp_path
                                          rf"trains on every row of data={tmp_path / 'd'}"):
         run = flowrec.train("t.yaml", resume="a", max_steps=4, rows=rows)
     assert run.result.steps == 4
+
+
+def test_a_run_on_a_dataset_closes_its_data_as_the_command_line_does(tmp_path: Path, monkeypatch) -> None:
+    """`flowrec.train` on an encoded dataset, new or resumed, closes its data sources when it returns
+    (as `flowrec train` does): their reader threads end and the record of the partitions it checked
+    is saved in the dataset folder, so the next run on it does not check them again. Before, every
+    call left its `flowrec-read` threads behind (a notebook training in a loop gathered them) and
+    saved no record."""
+    import threading
+
+    from flowrec.data.checked import RECORD_FILE
+
+    monkeypatch.chdir(tmp_path)
+    spec = _spec(tmp_path, epochs=1)
+    made = CliRunner().invoke(app, ["data", "synth", str(spec), "--rows", str(random.randint(300, 500)),
+                                    "--seed", str(random.randint(1, 999)), "--out", str(tmp_path / "d")])
+    assert made.exit_code == 0, made.output
+
+    def readers() -> set[int]:
+        return {t.ident for t in threading.enumerate() if t.name.startswith("flowrec-read") and t.is_alive()}
+
+    before = readers()
+    flowrec.train(spec, data=tmp_path / "d", out=tmp_path / "r", max_steps=2)
+    assert readers() <= before
+    records = sorted(p.relative_to(tmp_path / "d").as_posix() for p in (tmp_path / "d").rglob(RECORD_FILE))
+    assert records, "no check record saved in the dataset folder"
+    for record in (tmp_path / "d").rglob(RECORD_FILE):
+        record.unlink()
+    flowrec.train(spec, resume=tmp_path / "r", max_steps=4)
+    assert readers() <= before
+    assert sorted(p.relative_to(tmp_path / "d").as_posix() for p in (tmp_path / "d").rglob(RECORD_FILE)) == records
