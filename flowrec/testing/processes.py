@@ -16,6 +16,7 @@ import os
 import shlex
 import signal
 import subprocess
+import threading
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -78,6 +79,22 @@ def communicate_bounded(proc: subprocess.Popen, timeout_s: float, input: Any = N
             out, err = expired.output, expired.stderr
         raise AssertionError(f"{_command(proc.args)}: still running after {timeout_s:g} s; killed with every "
                              f"process below it{_tail('stdout', out)}{_tail('stderr', err)}") from None
+
+
+def readline_bounded(proc: subprocess.Popen, stream: Any, timeout_s: float) -> Any:
+    """One line of `stream` (a pipe of `proc`; at its end: empty) within `timeout_s` seconds; past it
+    `proc` and everything below it are killed and an AssertionError says so (a child that never
+    said its line, nor exited, hung the test at its `readline`)."""
+    got: list[Any] = []
+    reader = threading.Thread(target=lambda: got.append(stream.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout_s)
+    if not got:
+        if proc.poll() is None:
+            kill_tree(proc.pid)
+        raise AssertionError(f"{_command(proc.args)}: no line within {timeout_s:g} s; killed with every process "
+                             f"below it")
+    return got[0]
 
 
 def run_bounded(argv: Sequence[Any], *, timeout_s: float, input: Any = None, capture_output: bool = False,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from flowrec.testing.processes import communicate_bounded, run_bounded
+from flowrec.testing.processes import communicate_bounded, readline_bounded, run_bounded
 from flowrec.testing.ranks import run_flowrec
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="finds the processes through /proc")
@@ -90,3 +90,21 @@ def test_a_child_within_its_deadline_is_subprocess_run(tmp_path: Path):
         run_bounded([sys.executable, "-c", f"raise SystemExit({code})"], timeout_s=120, check=True)
     done = run_flowrec("--help", cwd=tmp_path, root=Path(__file__).resolve().parents[2], timeout_s=120)
     assert done.returncode == 0 and "train" in done.stdout, done.stderr[-3000:]
+
+
+def test_a_line_that_never_comes_kills_the_tree(tmp_path: Path):
+    word, pids = f"w{random.randrange(10**9)}", tmp_path / "pids"
+    proc = subprocess.Popen([sys.executable, "-c", HUNG, word, str(pids)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert readline_bounded(proc, proc.stdout, 120) == f"{word}\n"
+        with pytest.raises(AssertionError, match="no line within"):
+            readline_bounded(proc, proc.stdout, 5)  # it says nothing more and sleeps on
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=30)
+        proc.stdout.close()
+        proc.stderr.close()
+    started = _started(pids, 2)
+    assert _gone(started), [p for p in started if _alive(p)]
