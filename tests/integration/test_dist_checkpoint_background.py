@@ -27,6 +27,7 @@ import pytest
 import yaml
 
 from flowrec.runtime.checkpoint.store import load_checkpoint
+from flowrec.testing.processes import communicate_bounded
 from flowrec.testing.ranks import assert_same_model, run_flowrec, subprocess_env
 from flowrec.testing.specs import TINY
 
@@ -105,7 +106,7 @@ def finish(procs: list[subprocess.Popen]) -> list[tuple[int, str]]:
     out = []
     try:
         for p in procs:
-            _, err = p.communicate(timeout=TIMEOUT_S)
+            _, err = communicate_bounded(p, TIMEOUT_S)
             out.append((p.returncode, err))
     finally:
         for p in procs:
