@@ -2,7 +2,8 @@
 is killed with every process below it (the ranks of `flowrec train --nproc N` run under torch's
 launcher, in a session of its own, out of reach of a kill of the child or of its process group),
 and the wait fails with the tail of what the child printed, instead of hanging CI or failing
-with a bare `TimeoutExpired`.
+with a bare `TimeoutExpired`. A blocking call of the test's own process (a background writer's
+`wait()`, which takes no timeout) gets a deadline from `call_within`.
 
 Example:
     >>> import sys
@@ -18,7 +19,7 @@ import signal
 import subprocess
 import threading
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 TAIL_CHARS = 3000  # of each of stdout and stderr, in a timed-out child's failure
 REAP_S = 30  # after the kill: the pipes close once every process holding them is gone
@@ -130,3 +131,26 @@ def _tail(name: str, text: Any) -> str:
     if isinstance(text, bytes):
         text = text.decode(errors="replace")
     return f"\n--- its {name} (last {TAIL_CHARS} characters) ---\n{text[-TAIL_CHARS:]}"
+
+
+def call_within(timeout_s: float, call: Callable[[], Any]) -> Any:
+    """`call()` on a thread of its own: its result, or its exception raised here, within `timeout_s`
+    seconds; past it an AssertionError (the call is left blocked on its daemon thread), so that a
+    wait that never returns fails the test instead of hanging the run."""
+    outcome: list[tuple[bool, Any]] = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, call()))
+        except BaseException as exc:  # handed to the caller
+            outcome.append((False, exc))
+
+    thread = threading.Thread(target=run, name="call_within", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if not outcome:
+        raise AssertionError(f"{getattr(call, '__qualname__', call)} did not return within {timeout_s:g} s")
+    returned, value = outcome[0]
+    if not returned:
+        raise value
+    return value

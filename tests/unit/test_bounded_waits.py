@@ -6,12 +6,13 @@ from __future__ import annotations
 import random
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from flowrec.testing.processes import communicate_bounded, readline_bounded, run_bounded
+from flowrec.testing.processes import call_within, communicate_bounded, readline_bounded, run_bounded
 from flowrec.testing.ranks import run_flowrec
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="finds the processes through /proc")
@@ -108,3 +109,17 @@ def test_a_line_that_never_comes_kills_the_tree(tmp_path: Path):
         proc.stderr.close()
     started = _started(pids, 2)
     assert _gone(started), [p for p in started if _alive(p)]
+
+
+def test_a_call_that_never_returns_fails_within_its_deadline():
+    never, value = threading.Event(), random.randrange(10**9)
+    with pytest.raises(AssertionError, match="did not return within"):
+        call_within(2, never.wait)  # a wait without a timeout of its own, blocked for good
+    never.set()
+    assert call_within(120, lambda: value) == value
+
+    def failing() -> None:
+        raise OSError(28, f"No space left on device {value}")
+
+    with pytest.raises(OSError, match=str(value)):  # its exception, raised to the caller
+        call_within(120, failing)
