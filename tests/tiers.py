@@ -64,6 +64,7 @@ FILES: dict[str, frozenset[str]] = {
     "tests/unit/test_lowp.py": FAST,  # bf16 products as fp32 products of bf16 values where the CPU has no bf16 kernels
     "tests/unit/test_walk3_hostile.py": FAST,  # a third walk: sequence separators, Arrow at exit, the model language
     "tests/unit/test_managed_hostile.py": FAST,  # edited or damaged managed map states, negatives seeds
+    "tests/unit/test_stop_requested.py": FAST,  # a first stop signal to a run is one line at once
     "tests/unit/test_annotation_names.py": FAST,  # names in the CLI's annotations bound (TYPE_CHECKING imports)
     "tests/unit/test_id_forms.py": FAST,  # ids of hashed and managed tables in another form than at training
     "tests/unit/test_id_form_samples.py": FAST,  # the id-form check of all features at once, as one at a time
@@ -85,6 +86,7 @@ FILES: dict[str, frozenset[str]] = {
     "tests/unit/test_bench_package_load.py": frozenset({"processes"}),  # tools/bench_package_load.py, one round
     "tests/unit/test_bench_resume.py": frozenset({"processes"}),  # tools/bench_resume.py, one round
     "tests/unit/test_fake_cuda_tier.py": frozenset({"processes"}),
+    "tests/unit/test_bounded_waits.py": frozenset({"processes"}),  # a hung child killed with its tree, its output shown
     "tests/unit/test_spec_fuzz.py": frozenset({"fuzz"}),
     **{f"tests/unit/{name}.py": frozenset({"thorough"}) for name in (
         "test_cache_exact", "test_cache_fae", "test_cache_fae_bytes", "test_cache_model", "test_train_reference",

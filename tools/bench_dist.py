@@ -124,7 +124,7 @@ def run_world(world: int, args, folder: Path) -> list[dict]:
         for p in procs:
             if p.poll() is None:
                 p.kill()
-                p.wait()
+                p.wait(timeout=30)
     return [json.loads((folder / f"w{world}_r{r}.json").read_text()) for r in range(world)]
 
 

@@ -36,6 +36,7 @@ from typing import Any, Iterator
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+SYNTH_TIMEOUT_S = 600  # the synthesized dataset: past it the tool stops (a hung child never ends it)
 sys.path.insert(0, str(ROOT))
 
 from flowrec.data.packed_ids import column_arrays, pack_group  # noqa: E402
@@ -111,7 +112,8 @@ def opened_dataset(spec_path: Path, spec: Any, data: Path | None, synth: int | N
         if synth is not None:
             data = Path(tmp) / "data"
             subprocess.run([sys.executable, "-m", "flowrec", "data", "synth", str(spec_path), "--rows", str(synth),
-                            "--out", str(data)], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+                            "--out", str(data)], check=True, cwd=ROOT, stdout=subprocess.DEVNULL,
+                           timeout=SYNTH_TIMEOUT_S)
         source = open_dataset(data, spec)
         try:
             yield source

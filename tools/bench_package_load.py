@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 REPO = Path(__file__).resolve().parents[1]
+RUN_TIMEOUT_S = 600  # each flowrec command (convert, train, export): past it the tool stops with a line
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
@@ -129,7 +130,11 @@ def raw_rows(spec: Any, rows: int, seed: int) -> Any:
 
 
 def _flowrec(*args: str) -> None:
-    done = subprocess.run([sys.executable, "-m", "flowrec", *args], capture_output=True, text=True)
+    try:
+        done = subprocess.run([sys.executable, "-m", "flowrec", *args], capture_output=True, text=True,
+                              timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        sys.exit(f"error: flowrec {args[0]} still running after {RUN_TIMEOUT_S} s; stopped")
     if done.returncode != 0:
         sys.exit(f"error: flowrec {args[0]} failed (exit {done.returncode}): "
                  f"{(done.stderr or done.stdout).strip().splitlines()[-1:]}")

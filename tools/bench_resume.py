@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+RUN_TIMEOUT_S = 600  # each measured command: past it it is killed, and its status says so
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
@@ -104,8 +105,13 @@ def measured(args: list[str], env: dict[str, str]) -> dict[str, Any]:
     outs: list[str] = []
     reader = threading.Thread(target=lambda: outs.append(proc.stdout.read()))  # both pipes drained at once
     reader.start()
-    err = proc.stderr.read()
-    reader.join()
+    stopper = threading.Timer(RUN_TIMEOUT_S, proc.kill)  # a hung command: killed, its status says so
+    stopper.start()
+    try:
+        err = proc.stderr.read()
+        reader.join(RUN_TIMEOUT_S)
+    finally:
+        stopper.cancel()
     _, status, usage = os.wait4(proc.pid, 0)  # the process's own usage (Popen.wait would reap it without)
     proc.returncode = os.waitstatus_to_exitcode(status)
     proc.stdout.close()

@@ -896,7 +896,7 @@ def _run(request: RunRequest, spec, folder: Path, settings: dict, state: dict | 
         return
     from flowrec.runtime.trainer import GracefulInterrupt
 
-    with GracefulInterrupt() as late:  # the run is whole: a signal now must not cut its closing lines short
+    with GracefulInterrupt(say=True, finishing="the run's closing lines") as late:  # the run is whole: a signal now must not cut its closing lines short
         _report(result, folder, request.json_out, request.json_lines, first_step)
         if request.report:
             from flowrec.runtime.run_report import run_report

@@ -19,6 +19,7 @@ import json
 import math
 import os
 import signal
+import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -268,11 +269,11 @@ class Trainer:
         self.transfer_bytes = 0  # copied by the transfer stage for the batches trained
         self.checkpoint_stalls: list[dict[str, Any]] = []  # per checkpoint: step, seconds training waited
         self._training = False  # in the loop of steps (checkpoints there get a metrics record each)
-        self._interrupt = GracefulInterrupt()
         self._per_epoch = 0
         self.skipped_batches = 0
         self.skipped_rows = 0  # this session's rows of one-row batches a custom module cannot train (`one_row_skip`)
         self.world = getattr(model, "world", None)  # the ranks of a distributed run (None: one process)
+        self._interrupt = GracefulInterrupt(say=self.lead)  # rank 0's line is the launch's
         self.checkpointer = self._make_checkpointer()
         # a checkpoint taken while training runs (--checkpoint-every) reads the rows marked before each
         # step (a delta's touched rows, a full write's rows still to copy); without one, the only
@@ -441,7 +442,7 @@ class Trainer:
         interrupted = False
         try:
             self._training = True
-            with self._interrupt:
+            with self._interrupt.stopping_after("the current step"):
                 while self.position.epoch < self.epochs and not self._done(total):
                     loss = self._epoch(train_source, eval_source, bar, total) or loss
         except KeyboardInterrupt:
@@ -466,7 +467,7 @@ class Trainer:
         # the run's last checkpoint is what a first Ctrl-C or SIGTERM would take anyway: it is finished
         # (a second signal stops at once); raised at once here, it stopped one rank between the others'
         # collectives, and each rank said a line of its own without what was kept
-        with self._interrupt:
+        with self._interrupt.stopping_after("the run's last checkpoint"):
             if self._checkpointed != self._saved_position():  # not taken at this step already (--checkpoint-every)
                 self._checkpoint()
             self._wait_checkpoints()  # no `saved` record after this: the end record is the proof
@@ -938,17 +939,33 @@ class GracefulInterrupt:
     """Within `with`: the first Ctrl-C, SIGTERM (what `kill`, `timeout` and schedulers send, and
     what torch's launcher forwards to every rank) or SIGHUP (a closed terminal; not where ignored,
     as under `nohup`) asks the loop to stop after the current step (so the checkpoint is
-    consistent); a second one interrupts at once. Only in the main thread."""
+    consistent); a second one interrupts at once. Only in the main thread.
 
-    def __init__(self) -> None:
+    Args:
+        say: the first signal is also one line on stderr at once (one process, or rank 0 of a
+            launch): `stop requested (SIGTERM): stopping after the current step; a second signal
+            stops at once` (`finishing` names what is let finish).
+        finishing: what the block lets finish before it stops (`stopping_after` changes it).
+    """
+
+    def __init__(self, say: bool = False, finishing: str = "the current step") -> None:
         self.requested = False
+        self.say = say
+        self.finishing = finishing
         self._previous: dict[int, Any] = {}
         self._signals: tuple[int, ...] = ()
+
+    def stopping_after(self, finishing: str) -> "GracefulInterrupt":
+        """This handler, its line naming `finishing` as what a first signal lets finish."""
+        self.finishing = finishing
+        return self
 
     def _handle(self, signum, frame) -> None:
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
+        if self.say:
+            say_stop_requested(signum, self.finishing)
 
     def __enter__(self) -> "GracefulInterrupt":
         self.requested = False
@@ -970,6 +987,21 @@ class GracefulInterrupt:
         signals = self._signals or (signal.SIGINT, *stop_signals())
         with handlers_installed({sig: signal.default_int_handler for sig in signals}):
             yield
+
+
+def say_stop_requested(signum: int, finishing: str) -> None:
+    """The line a first stop signal gets at once, before the step (or what else `finishing` names)
+    ends: `stop requested (Ctrl-C): stopping after the current step; a second signal stops at once`.
+    Written from the signal handler: where the signal came inside a write to stderr (a reentrant
+    write raises), straight to file descriptor 2."""
+    name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+    line = f"stop requested ({name}): stopping after {finishing}; a second signal stops at once\n"
+    try:
+        sys.stderr.write(line)
+        sys.stderr.flush()
+    except (RuntimeError, OSError, ValueError, AttributeError):  # reentrant, closed or no sys.stderr
+        with contextlib.suppress(OSError):
+            os.write(2, line.encode())
 
 
 def resume_state(run_dir: Path) -> dict[str, Any]:

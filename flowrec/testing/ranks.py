@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from flowrec.testing.processes import run_bounded
+
 LAUNCH_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
@@ -26,9 +28,11 @@ def subprocess_env(root: Path) -> dict[str, str]:
 
 
 def run_flowrec(*args: str, cwd: Path, root: Path, timeout_s: float) -> subprocess.CompletedProcess:
-    """`python -m flowrec ARGS` in `cwd` (`subprocess_env`), output captured, within `timeout_s`."""
-    return subprocess.run([sys.executable, "-m", "flowrec", *args], cwd=cwd, env=subprocess_env(root), text=True,
-                          capture_output=True, timeout=timeout_s)
+    """`python -m flowrec ARGS` in `cwd` (`subprocess_env`), output captured, within `timeout_s`:
+    past it the command is killed with its ranks and the test fails with what it printed
+    (`processes.run_bounded`)."""
+    return run_bounded([sys.executable, "-m", "flowrec", *args], cwd=cwd, env=subprocess_env(root), text=True,
+                       capture_output=True, timeout_s=timeout_s)
 
 
 def assert_same_model(a: Path, b: Path, tol: float = 1e-5) -> None:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import xml.etree.ElementTree as ET
 
@@ -11,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flowrec.cli import app
+from flowrec.testing.processes import run_bounded
 
 runner = CliRunner()
 
@@ -119,7 +119,7 @@ def test_planning_imports_no_torch_or_dask(repo):
         "heavy = sorted(m for m in ('torch', 'dask', 'cupy', 'distributed') if m in sys.modules)\n"
         "print(','.join(heavy))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=repo, check=True)
+    out = run_bounded([sys.executable, "-c", code], capture_output=True, text=True, cwd=repo, check=True, timeout_s=120)
     assert out.stdout.strip() == ""
 
 

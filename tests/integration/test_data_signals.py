@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from flowrec.testing.processes import readline_bounded
 from flowrec.testing.ranks import subprocess_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -155,11 +156,11 @@ def test_a_conversion_replacing_a_dataset_waits_for_its_readers(tmp_path: Path) 
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     writer = None
     try:
-        assert reader.stdout.readline().strip() == "open", reader.stderr.read()[-2000:]
+        assert readline_bounded(reader, reader.stdout, TIMEOUT_S).strip() == "open", reader.stderr.read()[-2000:]
         writer = subprocess.Popen([sys.executable, "-m", "flowrec", "data", "synth", "spec.yaml", "--rows", "500",
                                    "--seed", "9", "--rows-per-file", "250", "--out", "ds", "--overwrite"],
                                   cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        waiting = writer.stderr.readline()  # the line of its wait; before, its exit closed stderr: ""
+        waiting = readline_bounded(writer, writer.stderr, TIMEOUT_S)  # its wait; before, its exit: ""
         assert "waiting for the flowrec processes reading ds" in waiting, waiting
         assert writer.poll() is None
         read, err = reader.communicate("go\n", timeout=TIMEOUT_S)
@@ -294,7 +295,7 @@ def test_a_run_encoding_its_changed_bound_data_again_waits_for_the_readers_of_ru
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     encoding = threading.Thread(target=lambda: bound_dataset(spec, spec_path, tmp_path / "run", said.append))
     try:
-        assert holder.stdout.readline().strip() == "open", holder.stderr.read()[-2000:]
+        assert readline_bounded(holder, holder.stdout, TIMEOUT_S).strip() == "open", holder.stderr.read()[-2000:]
         encoding.start()
         deadline = time.monotonic() + TIMEOUT_S
         while encoding.is_alive() and not any("waiting for the flowrec processes reading" in s for s in said):
@@ -367,7 +368,7 @@ def test_a_signal_while_any_command_works_is_one_line_and_exit_130(
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.communicate()
+            proc.communicate(timeout=30)
     assert proc.returncode == 130, (proc.returncode, err[-2000:])
     assert err.strip().splitlines() == [f"error: interrupted ({says})"], err[-2000:]
     assert "never stopped" not in out + err

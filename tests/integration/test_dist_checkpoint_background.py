@@ -27,13 +27,14 @@ import pytest
 import yaml
 
 from flowrec.runtime.checkpoint.store import load_checkpoint
+from flowrec.testing.processes import communicate_bounded
 from flowrec.testing.ranks import assert_same_model, run_flowrec, subprocess_env
 from flowrec.testing.specs import TINY
 
 ROOT = Path(__file__).resolve().parents[2]
 FAULTS = ROOT / "tests" / "faults"
 TIMEOUT_S = 300  # every subprocess
-DIST_TIMEOUT_S = 20  # --dist-timeout of the ranks started here
+DIST_TIMEOUT_S = 60  # --dist-timeout of the ranks started here: a rank a loaded machine holds back is not lost
 ROWS = 700  # training rows: 7 global batches of 101 (the last one 94)
 
 
@@ -105,7 +106,7 @@ def finish(procs: list[subprocess.Popen]) -> list[tuple[int, str]]:
     out = []
     try:
         for p in procs:
-            _, err = p.communicate(timeout=TIMEOUT_S)
+            _, err = communicate_bounded(p, TIMEOUT_S)
             out.append((p.returncode, err))
     finally:
         for p in procs:

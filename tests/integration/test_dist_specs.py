@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from flowrec.testing.processes import communicate_bounded
+
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 400
 COLLECTIVE_TIMEOUT_S = 60
@@ -34,7 +36,7 @@ def reports(tmp_path_factory) -> list[dict]:
         procs.append(subprocess.Popen([sys.executable, str(ROOT / "tests" / "dist_specs_worker.py"), str(out),
                                        str(COLLECTIVE_TIMEOUT_S)], env=env, stderr=subprocess.PIPE, text=True))
     try:
-        errors = [p.communicate(timeout=TIMEOUT_S)[1] for p in procs]
+        errors = [communicate_bounded(p, TIMEOUT_S)[1] for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:

@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+from flowrec.testing.processes import communicate_bounded
+
 REPO = Path(__file__).resolve().parents[2]
 RUN_S = 300  # every process
 
@@ -37,7 +39,7 @@ def _finish(procs: list[subprocess.Popen]) -> list[tuple[int, str]]:
     results = []
     try:
         for p in procs:
-            _, err = p.communicate(timeout=RUN_S)
+            _, err = communicate_bounded(p, RUN_S)
             results.append((p.returncode, err))
     finally:
         for p in procs:

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from flowrec.testing.processes import communicate_bounded, kill_tree
 from flowrec.testing.ranks import assert_same_model, run_flowrec, subprocess_env
 from flowrec.testing.specs import TINY
 
@@ -277,10 +278,10 @@ def test_max_restarts_ends_like_an_uninterrupted_run(work):
         ranks = [p for p, c in cmdlines.items() if b"flowrec\x00train" in c and b"flowrec.cli.ranks" not in c]
         assert len(ranks) == 2, ranks
         os.kill(ranks[-1], signal.SIGKILL)
-        err = job.communicate(timeout=TIMEOUT_S)[1]
+        err = communicate_bounded(job, TIMEOUT_S)[1]
     finally:
-        if job.poll() is None:
-            job.kill()
+        if job.poll() is None:  # with torch's launcher, in a session of its own, and the ranks
+            kill_tree(job.pid)
             job.wait(timeout=30)
     assert job.returncode == 0, err[-3000:]
     assert "restart 1: continuing r_restart from its last checkpoint" in err

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from flowrec.testing.processes import communicate_bounded, kill_tree, run_bounded
 from flowrec.testing.ranks import run_flowrec, subprocess_env
 from flowrec.testing.specs import TINY
 
@@ -37,15 +38,14 @@ def work(tmp_path_factory) -> Path:
 
 
 def _train(work: Path, *extra: str, failing_rank: int | str | None = None, nproc: int = 2):
-    import subprocess
     import sys
 
     env = subprocess_env(ROOT)
     if failing_rank is not None:
         env.update(PYTHONPATH=f"{FAULTS}:{ROOT}", FLOWREC_TEST_DATA_ERROR=str(failing_rank))
-    return subprocess.run([sys.executable, "-m", "flowrec", "train", "spec.yaml", "--data", "d", "-q",
-                           "--eval-every", "0", "--dist-timeout", "60", "--nproc", str(nproc), *extra], cwd=work, env=env,
-                          text=True, capture_output=True, timeout=TIMEOUT_S)
+    return run_bounded([sys.executable, "-m", "flowrec", "train", "spec.yaml", "--data", "d", "-q",
+                        "--eval-every", "0", "--dist-timeout", "60", "--nproc", str(nproc), *extra], cwd=work, env=env,
+                       text=True, capture_output=True, timeout_s=TIMEOUT_S)
 
 
 def _digests(folder: Path) -> dict[str, str]:
@@ -172,10 +172,10 @@ def test_a_rank_killed_in_training_is_named_without_gloos_words(work: Path) -> N
         pid = _rank_pid(job.pid, killed)
         assert pid is not None
         os.kill(pid, signal.SIGKILL)
-        err = job.communicate(timeout=TIMEOUT_S)[1]
+        err = communicate_bounded(job, TIMEOUT_S)[1]
     finally:
-        if job.poll() is None:
-            job.kill()
+        if job.poll() is None:  # with torch's launcher, in a session of its own, and the ranks
+            kill_tree(job.pid)
             job.wait(timeout=30)
     assert job.returncode == 128 + 9, err[-3000:]
     other = [line for line in err.splitlines() if line.startswith(f"error: rank {1 - killed}: ")]

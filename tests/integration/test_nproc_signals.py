@@ -12,12 +12,15 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import yaml
 
+from flowrec.testing.processes import communicate_bounded, kill_tree
 from flowrec.testing.ranks import assert_same_model, run_flowrec, subprocess_env
 from flowrec.testing.specs import TINY
 
@@ -25,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 FAULTS = ROOT / "tests" / "faults"  # holds a rank at a given point (sitecustomize.py)
 TIMEOUT_S = 300  # every subprocess
 EXIT_S = 120  # from the signal to the last process of the launch gone
+ARRIVED_S = 120  # from the signal to the sign that the held processes have it
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="finds the ranks through /proc")
 
 
@@ -104,10 +108,10 @@ def test_a_signal_to_the_launch_stops_every_rank_and_the_printed_command_continu
         ranks = [p for p, c in cmdlines.items() if b"flowrec\x00train" in c and b"flowrec.cli.ranks" not in c]
         assert len(ranks) == 2, ranks
         job.send_signal(sig)
-        err = job.communicate(timeout=EXIT_S)[1]
+        err = communicate_bounded(job, EXIT_S)[1]
     finally:
         if job.poll() is None:
-            job.kill()
+            kill_tree(job.pid)
             job.wait(timeout=30)
     _assert_gone(launch, err)
     assert job.returncode == 128 + sig, err[-3000:]
@@ -130,10 +134,10 @@ def test_sigterm_to_one_process_checkpoints_like_ctrl_c(work: Path):
     try:
         _wait_for_ranks_training(job, work / "run_one" / "metrics.jsonl")
         job.send_signal(signal.SIGTERM)
-        err = job.communicate(timeout=EXIT_S)[1]
+        err = communicate_bounded(job, EXIT_S)[1]
     finally:
         if job.poll() is None:
-            job.kill()
+            kill_tree(job.pid)
             job.wait(timeout=30)
     assert job.returncode == 130 and "interrupted: checkpoint saved" in err, err[-3000:]
     words = shlex.split(err.split("continue with  ")[-1].splitlines()[0])
@@ -174,29 +178,57 @@ def test_a_rank_gets_sigterm_when_its_launcher_is_killed(tmp_path: Path):
 
 
 def _signal_when_held(args: list[str], work: Path, env: dict, tmp_path: Path, held, sig: int,
-                      settle_s: float | None) -> tuple[subprocess.Popen, list[int], str]:
+                      arrived: Callable[[str], bool] | None) -> tuple[subprocess.Popen, list[int], str]:
     """Start `flowrec *args` in `work`, wait until `held()` (a hook of tests/faults holds a process
-    of it), send `sig` to the launch, release the hold `settle_s` seconds later (None: once it
-    exited) and return the job, the launch's processes and its stderr; the job is killed on failure."""
+    of it), send `sig` to the launch, release the hold once `arrived(stderr so far)` shows the
+    signal reached the held processes (None: once it exited) and return the job, the launch's
+    processes and its stderr; the job and its launch are killed on failure."""
     job = subprocess.Popen([sys.executable, "-m", "flowrec", *args], cwd=work, env=env, stderr=subprocess.PIPE,
                            text=True)
+    said: list[str] = []  # stderr so far, read as it comes: the sign that the signal arrived is a line
+
+    def read() -> None:
+        for line in job.stderr:
+            said.append(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     try:
         deadline = time.monotonic() + TIMEOUT_S
         while not held() and time.monotonic() < deadline:
-            assert job.poll() is None, "the run ended before it was held"
+            assert job.poll() is None, "the run ended before it was held: " + "".join(said)[-3000:]
             time.sleep(0.1)
         launch = _descendants(job.pid)
         job.send_signal(sig)
-        if settle_s is not None:
-            time.sleep(settle_s)  # the signal reaches the held processes
+        if arrived is not None:  # the held processes have the signal: a fixed sleep was too short on a loaded machine
+            deadline = time.monotonic() + ARRIVED_S
+            while not arrived("".join(said)) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert arrived("".join(said)), f"no sign within {ARRIVED_S} s that {sig.name} arrived: " + \
+                "".join(said)[-3000:]
             (tmp_path / "release").write_text("")
-        err = job.communicate(timeout=EXIT_S)[1]
+        try:
+            job.wait(timeout=EXIT_S)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"still running {EXIT_S} s after {sig.name}: " + "".join(said)[-3000:])
+        reader.join(timeout=EXIT_S)
     finally:
         (tmp_path / "release").write_text("")
-        if job.poll() is None:
-            job.kill()
+        if job.poll() is None:  # with torch's launcher, in a session of its own, and the ranks
+            kill_tree(job.pid)
             job.wait(timeout=30)
-    return job, launch, err
+    return job, launch, "".join(said)
+
+
+def _exited(pid_file: Path) -> bool:
+    """The process whose id a hold wrote to `pid_file` has exited."""
+    text = pid_file.read_text()
+    return text.isdigit() and not _alive(int(text))
+
+
+def _stop_requested(err: str) -> bool:
+    """Rank 0 has the signal (SIGINT): its stop handler's line is out."""
+    return any(line.startswith("stop requested (Ctrl-C): ") for line in err.splitlines())
 
 
 @pytest.mark.parametrize("phase", ["final_checkpoint", "closing_lines"])
@@ -214,7 +246,7 @@ def test_a_signal_as_the_run_finishes_is_one_line_of_what_was_kept(work: Path, t
         env["FLOWREC_TEST_HOLD_END"] = str(tmp_path)
         held = tmp_path / "held-end"
     job, launch, err = _signal_when_held([*_args(out), "--max-steps", str(steps)], work, env, tmp_path, held.is_file,
-                                         signal.SIGINT, 3)  # the ranks are held as the signal comes
+                                         signal.SIGINT, _stop_requested)  # the ranks are held as the signal comes
     _assert_gone(launch, err)
     assert job.returncode == 130, err[-3000:]
     assert "Traceback" not in err and not [line for line in err.splitlines() if line.startswith("error:")], err[-3000:]
@@ -276,8 +308,9 @@ def test_a_signal_to_the_launcher_after_the_ranks_finished_says_the_run_is_whole
     out = f"wound_{sig.name}"
     env = {**subprocess_env(ROOT), "PYTHONPATH": f"{FAULTS}{os.pathsep}{ROOT}",
            "FLOWREC_TEST_HOLD_LAUNCHER": str(tmp_path)}
+    held = tmp_path / "held-launcher"  # torch's launcher held; the signal ends its hold (it exits)
     job, launch, err = _signal_when_held([*_args(out), "--max-steps", str(steps)], work, env, tmp_path,
-                                         (tmp_path / "held-launcher").is_file, sig, 2)  # torch's launcher held
+                                         held.is_file, sig, lambda _: _exited(held))
     _assert_gone(launch, err)
     assert job.returncode == 128 + sig, err[-3000:]  # the signal's status, as one process's (docs/distributed.md)
     said = [line for line in err.splitlines() if "interrupted" in line or line.startswith("error")]

@@ -29,6 +29,7 @@ import pytest
 import torch
 import yaml
 
+from flowrec.testing.processes import communicate_bounded, run_bounded
 from operators.retrieval import in_batch_softmax
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,7 +94,7 @@ def reports(tmp_path_factory) -> list[dict]:
                                        str(COLLECTIVE_TIMEOUT_S), str(specs)], env=env, stderr=subprocess.PIPE,
                                       text=True))
     try:
-        errors = [p.communicate(timeout=TIMEOUT_S)[1] for p in procs]
+        errors = [communicate_bounded(p, TIMEOUT_S)[1] for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:
@@ -163,8 +164,8 @@ def test_one_step_gradients_tensor_by_tensor(tmp_path, metric):
     spec.write_text(yaml.safe_dump(_spec(metric, "adagrad", "adam")))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("RANK", None)
-    done = subprocess.run([sys.executable, str(ROOT / "tools" / "rank_grads.py"), str(spec), "--timeout",
-                           str(COLLECTIVE_TIMEOUT_S)], env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    done = run_bounded([sys.executable, str(ROOT / "tools" / "rank_grads.py"), str(spec), "--timeout",
+                        str(COLLECTIVE_TIMEOUT_S)], env=env, capture_output=True, text=True, timeout_s=TIMEOUT_S)
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout)
     assert abs(got["loss_one"] - got["loss_two"]) < 1e-14 * abs(got["loss_one"])

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import ast
 import builtins
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from flowrec.testing.processes import run_bounded
 
 CLI = Path(__file__).resolve().parents[2] / "flowrec" / "cli"
 
@@ -73,5 +74,5 @@ def test_annotations_name_only_names_their_module_binds(path: Path) -> None:
 
 def test_the_trainer_annotation_imports_nothing_at_start() -> None:
     code = "import sys, flowrec.cli.train_cmds; print('flowrec.runtime.trainer' in sys.modules, 'torch' in sys.modules)"
-    shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    shown = run_bounded([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout_s=120)
     assert shown.stdout.split() == ["False", "False"]

@@ -18,7 +18,9 @@ from flowrec.runtime.checkpoint.stream import save_streamed
 from flowrec.runtime.checkpoint.checkpointer import Checkpointer
 from flowrec.runtime.checkpoint.incremental import TableSnapshot, copy_rows
 from flowrec.runtime.nonfinite import TrainingStopped
+from flowrec.testing.processes import call_within
 
+WAIT_S = 120  # a background write of these small states: far above a loaded machine's, far below a hang
 STREAMS = {"embeddings.a.weight": ("a", 0), "embeddings.a.state": ("a", 1),
            "embeddings.b.weight": ("b", 0), "embeddings.b.state": ("b", 1)}
 
@@ -193,7 +195,7 @@ def test_a_non_finite_table_value_stops_the_streamed_write_and_keeps_the_last_ch
     ckpt = Checkpointer(path, full_every=full_every, rows_of_group={"a": 3000, "b": 500})
     groups = {"a": None, "b": None}  # a full checkpoint reads only the group names
     ckpt.save(_state(gen, torch.float32), groups)
-    ckpt.wait()
+    call_within(WAIT_S, ckpt.wait)
     assert load_checkpoint(path)["position"]["step"] == 4 and ckpt.step == 4
     bad = _state(gen, torch.float32)
     bad["position"] = {**bad["position"], "step": 8}
@@ -202,7 +204,7 @@ def test_a_non_finite_table_value_stops_the_streamed_write_and_keeps_the_last_ch
     ckpt.save(bad, groups)  # queued: the training thread checked only the dense part
     with pytest.raises(TrainingStopped, match="embeddings.a.weight is not finite at step 8; not checkpointed, "
                                               "the checkpoint of step 4 is kept"):
-        ckpt.wait()
+        call_within(WAIT_S, ckpt.wait)
     assert load_checkpoint(path)["position"]["step"] == 4
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt"]
     assert ckpt.extra_bytes and min(ckpt.extra_bytes) > 0  # both were streamed from a snapshot
@@ -227,7 +229,7 @@ def test_the_inline_switch_checks_and_writes_on_the_training_thread(tmp_path: Pa
     with pytest.raises(TrainingStopped, match="embeddings.b.weight is not finite at step 8; not checkpointed, "
                                               "the checkpoint of step 4 is kept"):
         ckpt.save(bad, groups)
-    ckpt.wait()
+    call_within(WAIT_S, ckpt.wait)
     assert load_checkpoint(path)["position"]["step"] == 4
 
 

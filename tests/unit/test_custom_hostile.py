@@ -712,7 +712,7 @@ def test_a_thread_a_class_file_leaves_running_is_named_and_not_waited_for(tmp_pa
         stop.set()
         for thread in threading.enumerate():
             if thread.name in (name, "quiet"):
-                thread.join()
+                thread.join(60)
     assert not [line for line in lingering_threads() if name in line]
 
 

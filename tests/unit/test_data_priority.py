@@ -113,7 +113,7 @@ def test_a_thread_gone_is_forgotten_not_an_error(fresh):
 
     t = threading.Thread(target=short, name="flowrec-short")
     t.start()
-    t.join()
+    t.join(60)
     assert done.is_set() and calls
     with priority.waiting():
         pass

@@ -4,24 +4,25 @@ sync. Planted mistakes are caught and named by file and line."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from flowrec.testing.processes import run_bounded
+
 REPO = Path(__file__).resolve().parents[2]
 HARNESS = Path(__file__).with_name("fake_cuda_harness.py")
 SPECS = sorted((REPO / "specs").glob("*.yaml"))
 PLACEMENTS = ("device", "host", "static_hot", "lookahead")
-TIMEOUT_S = 900  # the whole tier, all specs (about a minute on a 2-core box)
+TIMEOUT_S = 600  # the whole tier, all specs (about a minute on a 2-core box); at most 600 s a child
 MANAGED = {s.name for s in SPECS if "managed:" in s.read_text()}  # specs with managed tables
 REFUSED = "cannot follow their changing rows"  # a managed table's group is never static_hot
 
 
 def run_harness(specs: list[Path], *extra: str) -> list[dict]:
-    proc = subprocess.run([sys.executable, str(HARNESS), *map(str, specs), *extra], capture_output=True,
-                          text=True, timeout=TIMEOUT_S, cwd=REPO)
+    proc = run_bounded([sys.executable, str(HARNESS), *map(str, specs), *extra], capture_output=True,
+                       text=True, timeout_s=TIMEOUT_S, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 

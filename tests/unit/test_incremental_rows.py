@@ -10,6 +10,9 @@ import torch
 
 from flowrec.runtime.checkpoint.delta import delta_files, delta_path, is_delta_name
 from flowrec.runtime.checkpoint.incremental import BackgroundWriter, DirtyRows
+from flowrec.testing.processes import call_within
+
+WAIT_S = 120  # the background writer's queued lambdas: far above a loaded machine's, far below a hang
 
 
 def _batch(**ids: torch.Tensor) -> SimpleNamespace:
@@ -45,7 +48,7 @@ def test_the_writer_keeps_order_and_reports_the_first_failure_once():
     writer.submit(lambda: done.append(2))
     assert writer.pending == 2
     gate.set()
-    writer.wait()
+    call_within(WAIT_S, writer.wait)
     assert done == [1, 2] and writer.pending == 0
 
     def failing() -> None:
@@ -54,8 +57,8 @@ def test_the_writer_keeps_order_and_reports_the_first_failure_once():
     writer.submit(failing)
     writer.submit(lambda: done.append(3))  # must never run: it would follow a failed write
     with pytest.raises(OSError, match="No space"):
-        writer.wait()
-    writer.wait()  # reported once
+        call_within(WAIT_S, writer.wait)
+    call_within(WAIT_S, writer.wait)  # reported once
     assert done == [1, 2]
 
 

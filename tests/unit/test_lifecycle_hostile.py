@@ -1069,7 +1069,7 @@ def test_bound_data_is_encoded_once_by_two_runs_started_together(tmp_path: Path,
 
     monkeypatch.setattr(convert_module, "convert", slow_convert)
     loaded, results, notes = load_spec(spec_path), [], []
-    start = threading.Barrier(2)
+    start = threading.Barrier(2, timeout=60)  # a thread that never came: the other fails, not hangs
 
     def run() -> None:
         start.wait()
@@ -1082,7 +1082,7 @@ def test_bound_data_is_encoded_once_by_two_runs_started_together(tmp_path: Path,
     for t in threads:
         t.start()
     for t in threads:
-        t.join(60)
+        t.join(300)  # two encodings of the data, one waiting for the other, on a loaded machine
     out = Path("runs") / "tiny_managed" / "data"
     assert results == [out, out] and len(calls) == 1
     assert read_meta(out).rows == 80

@@ -2,7 +2,6 @@
 around boxes (a geometry check on the layout of every spec in specs/)."""
 from __future__ import annotations
 
-import subprocess
 import sys
 import xml.etree.ElementTree as ET
 
@@ -12,6 +11,7 @@ from flowrec.graph.build import build_graph
 from flowrec.render.drawing import GAP_X, MAX_BOX_W, MAX_PER_LAYER, Box, Layout, layout, to_dot, to_png, to_svg
 from flowrec.planner.manager import make_plan
 from flowrec.spec.load import load_spec
+from flowrec.testing.processes import run_bounded
 from flowrec.testing.specs import tiny_spec
 from flowrec.testing.specs import wide_spec
 
@@ -141,8 +141,8 @@ def test_svg_is_deterministic_across_processes(repo):
     code = ("import sys; from flowrec.spec.load import load_spec; from flowrec.planner.manager import make_plan;"
             "from flowrec.render.drawing import to_svg;"
             f"sys.stdout.write(to_svg(make_plan(load_spec({str(repo / 'specs' / 'wide_deep.yaml')!r}))))")
-    outs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                           env={"PYTHONHASHSEED": seed, "PATH": ""}).stdout for seed in ("1", "2")]
+    outs = [run_bounded([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout_s=120,
+                        env={"PYTHONHASHSEED": seed, "PATH": ""}).stdout for seed in ("1", "2")]
     assert outs[0] == outs[1] and outs[0].startswith("<svg")
 
 

@@ -3,7 +3,6 @@ injected descheduling give the un-inflated time; the process's own data threads 
 from __future__ import annotations
 
 import random
-import statistics
 
 import pytest
 
@@ -212,7 +211,7 @@ def test_real_clock_reads_this_process():
         assert threading.get_native_id() not in robust.python_side_threads()
     finally:
         stop.set()
-        worker.join()
+        worker.join(60)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

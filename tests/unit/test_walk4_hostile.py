@@ -196,7 +196,8 @@ def test_two_exports_to_one_folder_stage_apart_and_a_killed_ones_staging_is_remo
     from flowrec.cli.export_cmd import _staging_folder
     from flowrec.data.output_guard import host_tag
 
-    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          timeout=120)
     dead, h = int(done.stdout), host_tag()
     for name in (f".pkg.export-{dead}-{h}-00000000", f".pkg.export-{os.getppid()}-{h}-11111111"):
         (tmp_path / name).mkdir()

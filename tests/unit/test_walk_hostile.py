@@ -284,7 +284,8 @@ def test_a_run_folder_named_with_a_line_break_prints_one_line_and_a_resume_comma
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and command in err
     word = command.split(" --resume ")[1]
-    assert subprocess.run(["bash", "-c", f"printf %s {word}"], capture_output=True, text=True).stdout == str(folder)
+    assert subprocess.run(["bash", "-c", f"printf %s {word}"], capture_output=True, text=True,
+                          timeout=120).stdout == str(folder)
 
 
 def test_a_success_line_naming_a_file_with_a_line_break_is_one_line(tmp_path: Path) -> None:

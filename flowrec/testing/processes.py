@@ -1,0 +1,156 @@
+"""Bounded waits on the child processes of tests and tools: a child still running at its deadline
+is killed with every process below it (the ranks of `flowrec train --nproc N` run under torch's
+launcher, in a session of its own, out of reach of a kill of the child or of its process group),
+and the wait fails with the tail of what the child printed, instead of hanging CI or failing
+with a bare `TimeoutExpired`. A blocking call of the test's own process (a background writer's
+`wait()`, which takes no timeout) gets a deadline from `call_within`.
+
+Example:
+    >>> import sys
+    >>> done = run_bounded([sys.executable, "-c", "print('hi')"], timeout_s=120, capture_output=True, text=True)
+    >>> done.stdout
+    'hi\\n'
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import threading
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+TAIL_CHARS = 3000  # of each of stdout and stderr, in a timed-out child's failure
+REAP_S = 30  # after the kill: the pipes close once every process holding them is gone
+
+
+def descendants(pid: int) -> list[int]:
+    """Process ids below `pid`, parents before children (Linux /proc; elsewhere none)."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        kids = parents.get(todo.pop(0), [])
+        out += kids
+        todo += kids
+    return out
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL `pid` and every process below it: each is stopped first (SIGSTOP), until a look finds
+    no new one, so that none starts another (torch's launcher restarting ranks) or is orphaned
+    (and so lost to the walk) before the kill."""
+    seen: list[int] = []
+    for _ in range(10):  # a process started between looks is found by the next
+        new = [p for p in [pid, *descendants(pid)] if p not in seen]
+        if not new:
+            break
+        for p in new:
+            _send(p, signal.SIGSTOP)
+        seen += new
+    for p in seen:
+        _send(p, signal.SIGKILL)
+
+
+def _send(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except OSError:  # gone already
+        pass
+
+
+def communicate_bounded(proc: subprocess.Popen, timeout_s: float, input: Any = None) -> tuple[Any, Any]:
+    """`proc.communicate(input)` within `timeout_s` seconds; past it `proc` and everything below it
+    are killed and an AssertionError says so, with the tail of what it printed (where captured)."""
+    try:
+        return proc.communicate(input, timeout=timeout_s)
+    except subprocess.TimeoutExpired as expired:
+        kill_tree(proc.pid)
+        try:
+            out, err = proc.communicate(timeout=REAP_S)
+        except subprocess.TimeoutExpired as again:  # a process that escaped the walk holds a pipe
+            out, err = again.output, again.stderr
+        if out is None and err is None:
+            out, err = expired.output, expired.stderr
+        raise AssertionError(f"{_command(proc.args)}: still running after {timeout_s:g} s; killed with every "
+                             f"process below it{_tail('stdout', out)}{_tail('stderr', err)}") from None
+
+
+def readline_bounded(proc: subprocess.Popen, stream: Any, timeout_s: float) -> Any:
+    """One line of `stream` (a pipe of `proc`; at its end: empty) within `timeout_s` seconds; past it
+    `proc` and everything below it are killed and an AssertionError says so (a child that never
+    said its line, nor exited, hung the test at its `readline`)."""
+    got: list[Any] = []
+    reader = threading.Thread(target=lambda: got.append(stream.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout_s)
+    if not got:
+        if proc.poll() is None:
+            kill_tree(proc.pid)
+        raise AssertionError(f"{_command(proc.args)}: no line within {timeout_s:g} s; killed with every process "
+                             f"below it")
+    return got[0]
+
+
+def run_bounded(argv: Sequence[Any], *, timeout_s: float, input: Any = None, capture_output: bool = False,
+                check: bool = False, **popen: Any) -> subprocess.CompletedProcess:
+    """`subprocess.run(argv, ...)` with a deadline that kills the whole tree (`communicate_bounded`);
+    `popen`: Popen's own arguments (cwd, env, text, stdout, stderr, ...)."""
+    if capture_output:
+        popen.update(stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    if input is not None:
+        popen["stdin"] = subprocess.PIPE
+    with subprocess.Popen(argv, **popen) as proc:
+        try:
+            out, err = communicate_bounded(proc, timeout_s, input)
+        except KeyboardInterrupt:
+            if proc.poll() is None:  # Ctrl-C of the test run: no child left behind
+                kill_tree(proc.pid)
+            raise
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    if check:
+        done.check_returncode()
+    return done
+
+
+def _command(args: Any) -> str:
+    words = [str(a) for a in args] if isinstance(args, (list, tuple)) else [str(args)]
+    text = shlex.join(words)
+    return text if len(text) <= 300 else text[:300] + " ..."
+
+
+def _tail(name: str, text: Any) -> str:
+    if not text:
+        return ""
+    if isinstance(text, bytes):
+        text = text.decode(errors="replace")
+    return f"\n--- its {name} (last {TAIL_CHARS} characters) ---\n{text[-TAIL_CHARS:]}"
+
+
+def call_within(timeout_s: float, call: Callable[[], Any]) -> Any:
+    """`call()` on a thread of its own: its result, or its exception raised here, within `timeout_s`
+    seconds; past it an AssertionError (the call is left blocked on its daemon thread), so that a
+    wait that never returns fails the test instead of hanging the run."""
+    outcome: list[tuple[bool, Any]] = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, call()))
+        except BaseException as exc:  # handed to the caller
+            outcome.append((False, exc))
+
+    thread = threading.Thread(target=run, name="call_within", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if not outcome:
+        raise AssertionError(f"{getattr(call, '__qualname__', call)} did not return within {timeout_s:g} s")
+    returned, value = outcome[0]
+    if not returned:
+        raise value
+    return value
