@@ -4,10 +4,11 @@ A package is a folder:
 
 - ``model.pt2``: a `torch.export` program of the serving model (`ServingModel`) over encoded
   inputs, with a dynamic batch dimension; its embedding tables are one per packed group of
-  plan.json (each group's tables one after another; version 2: one per logical table). Load it with ``torch.export.load(path).module()`` (no
-  flowrec import) and call it with ``dense`` (B, n_dense) float32 in spec order and ``sparse``, a
-  dict feature -> (ids, offsets): int64 table-local ids (nnz,) and bag boundaries (B + 1,), one
-  bag per sample. It returns (B, n_heads): probabilities for binary heads, values for regression.
+  plan.json (each group's tables one after another; version 2: one per logical table). Load it
+  with ``torch.export.load(path).module()`` (no flowrec import) and call it with ``dense``
+  (B, n_dense) float32 in spec order and ``sparse``, a dict feature -> (ids, offsets): int64
+  table-local ids (nnz,) and bag boundaries (B + 1,), one bag per sample. It returns
+  (B, n_heads): probabilities for binary heads, values for regression.
 - ``encoder.json`` + ``vocab/``: the encoder that turns raw columns into those inputs.
 - ``spec.json``, ``plan.json``: the spec and the plan the run was trained with.
 - ``managed/<table>.parquet``: for managed tables, the raw ids holding a row and their rows

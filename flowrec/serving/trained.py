@@ -328,7 +328,8 @@ def _group_rows(emb: nn.Module, group: Any, mapped: bool) -> torch.Tensor:
     slots = group.tables
     rows = sum(slot.rows for slot in slots)
     weight = getattr(emb, "weight", None)
-    if isinstance(weight, torch.Tensor) and all(a.row_offset + a.rows == b.row_offset for a, b in zip(slots, slots[1:])):
+    in_turn = all(a.row_offset + a.rows == b.row_offset for a, b in zip(slots, slots[1:]))
+    if isinstance(weight, torch.Tensor) and in_turn:
         whole = weight[slots[0].row_offset:slots[0].row_offset + rows].detach()
         if mapped and whole.device.type == "cpu" and whole.is_contiguous():
             return _in_place(whole)

@@ -192,7 +192,8 @@ class _WideGroup(torch.nn.Module):
 
     def __init__(self, rows: list[int]) -> None:
         super().__init__()
-        fields = [SimpleNamespace(feature=f"f{i}", table=f"t{i}", pooling="sum", max_len=1) for i in range(len(rows))]
+        fields = [SimpleNamespace(feature=f"f{i}", table=f"t{i}", pooling="sum", max_len=1)
+                  for i in range(len(rows))]
         firsts = np.concatenate([[0], np.cumsum(rows)[:-1]])
         self.lookup = GroupLookup(fields, {f"t{i}": (int(first), n) for i, (first, n) in enumerate(zip(firsts, rows))})
         self.weight = torch.nn.Parameter(torch.randn(sum(rows), 1), requires_grad=False)
