@@ -13,6 +13,11 @@ predict of one row.
   load_model_samples_twice  the same, the example inputs the archive's check unpickled not
                       handed to `load_program`: torch unpickles them a second time (as
                       before serve9)
+  load_model_before   with `--before PKG`: `flowrec.load_model(PKG)`, a package another flowrec
+                      exported (of the same spec, say: a version 2 package, one lookup per field,
+                      from a checkout before serve10), alternating with the others
+
+Each package's graph is counted (`graph`: nodes, embedding_bag nodes, placeholders).
 
 Writes skewed synthetic raw rows of SPEC (zipf ids per categorical feature, log-normal dense
 values, a 0/1 label) as Parquet, converts them, trains a few steps on the CPU and exports a package
@@ -35,7 +40,7 @@ Beside the loads, the export's own steps that flowrec controls, alternating in t
 The two ServingModels must hold the same tables.
 
 Usage: python tools/bench_package_load.py [--spec S] [--rows N] [--steps K] [--rounds R]
-       [--table-rows N] [--out PATH]
+       [--table-rows N] [--before PKG] [--out PATH]
 """
 from __future__ import annotations
 
@@ -80,6 +85,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=5, help="alternating rounds; the figures are medians (default 5)")
     p.add_argument("--table-rows", type=int, default=None,
                    help="cap every table at this many rows (default: the spec's own sizes)")
+    p.add_argument("--before", default=None,
+                   help="a package another flowrec exported, loaded alternating with this one's (load_model_before)")
     p.add_argument("--out", default=None, help="write the figures to this JSON file")
     a = p.parse_args(argv)
     refuse_below_one(p, a, "rows", "steps", "rounds", "table_rows")
@@ -158,7 +165,7 @@ def make_package(doc: dict[str, Any], rows: int, steps: int, tmp: Path) -> tuple
     return tmp / "pkg", spec
 
 
-def _loaders(pkg: Path) -> dict[str, Callable[[], Any]]:
+def _loaders(pkg: Path, before: Path | None = None) -> dict[str, Callable[[], Any]]:
     import sympy
     import torch
 
@@ -185,11 +192,23 @@ def _loaders(pkg: Path) -> dict[str, Callable[[], Any]]:
         finally:
             predict.load_program = plain
 
-    return {"torch_export_load": lambda: torch.export.load(model),
-            "load_program": lambda: pt2_load.load_program(model),
-            "load_program_no_memo": no_memo,
-            "load_model": lambda: flowrec.load_model(pkg),
-            "load_model_samples_twice": samples_twice}
+    loaders = {"torch_export_load": lambda: torch.export.load(model),
+               "load_program": lambda: pt2_load.load_program(model),
+               "load_program_no_memo": no_memo,
+               "load_model": lambda: flowrec.load_model(pkg),
+               "load_model_samples_twice": samples_twice}
+    if before is not None:
+        loaders["load_model_before"] = lambda: flowrec.load_model(before)
+    return loaders
+
+
+def graph_counts(path: Path) -> dict[str, int]:
+    """The graph of a package's model.pt2: its nodes, embedding_bag nodes and placeholders."""
+    from flowrec.serving import pt2_load
+
+    nodes = list(pt2_load.load_program(Path(path) / "model.pt2").graph.nodes)
+    return {"nodes": len(nodes), "embedding_bags": sum("embedding_bag" in str(n.target) for n in nodes),
+            "placeholders": sum(n.op == "placeholder" for n in nodes)}
 
 
 def _export_steps(run: Path) -> dict[str, Callable[[], Any]]:
@@ -245,19 +264,20 @@ def _run(a: argparse.Namespace, tmp: Path) -> dict:
     print(f"{spec.name}: {a.rows} rows converted, {a.steps} steps trained, exported in "
           f"{time.perf_counter() - t:.1f} s", file=sys.stderr)
     row = raw_rows(spec, 1, seed=int(time.time_ns() % 2**31))
-    loaders = _loaders(pkg)
+    loaders = _loaders(pkg, Path(a.before) if a.before else None)
+    variants = tuple(loaders)
     for name, load in loaders.items():  # warm-up (imports, first kernels): not counted
         load()
-    runs: dict[str, list[dict[str, float]]] = {n: [] for n in VARIANTS}
+    runs: dict[str, list[dict[str, float]]] = {n: [] for n in variants}
     predicts: list[dict[str, float]] = []
     for r in range(a.rounds):
         shapes = {}
-        for name in (VARIANTS if r % 2 == 0 else VARIANTS[::-1]):
+        for name in (variants if r % 2 == 0 else variants[::-1]):
             figures, made = _timed(loaders[name])
             runs[name].append(figures)
             if name == "load_model":
                 predicts.append(_first_predict(made, row))
-            elif name != "load_model_samples_twice":
+            elif name not in ("load_model_samples_twice", "load_model_before"):
                 shapes[name] = _shape(made)
             print(f"[round {r + 1}/{a.rounds}] {name}: {figures['wall_s']:.2f} s wall, {figures['cpu_s']:.2f} s CPU",
                   file=sys.stderr)
@@ -271,7 +291,9 @@ def _run(a: argparse.Namespace, tmp: Path) -> dict:
         "benchmark": "package_load", "spec": spec.name, "fields": len(spec.sparse_features),
         "table_rows": sum(t.rows for t in spec.tables), "rows": a.rows, "steps": a.steps, "rounds": a.rounds,
         "model_pt2_bytes": (pkg / "model.pt2").stat().st_size, "torch_threads": torch.get_num_threads(),
-        "same_graph": True, "median": median, "runs": {**runs, "first_predict": predicts}, "export": export,
+        "same_graph": True, "graph": {"package": graph_counts(pkg),
+                                      **({"before": graph_counts(Path(a.before))} if a.before else {})},
+        "before": a.before, "median": median, "runs": {**runs, "first_predict": predicts}, "export": export,
         "ratios": {f"{n}_wall_vs_load_program": median[n]["wall_s"] / median["load_program"]["wall_s"]
                    for n in ("torch_export_load", "load_program_no_memo")},
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(),
@@ -280,7 +302,7 @@ def _run(a: argparse.Namespace, tmp: Path) -> dict:
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(out, indent=2) + "\n")
-    print(json.dumps({**{k: out[k] for k in ("spec", "fields", "model_pt2_bytes", "median", "ratios")},
+    print(json.dumps({**{k: out[k] for k in ("spec", "fields", "model_pt2_bytes", "graph", "median", "ratios")},
                       "export": export["median"]}, indent=2))
     return out
 

@@ -3,10 +3,12 @@
 A package is a folder:
 
 - ``model.pt2``: a `torch.export` program of the serving model (`ServingModel`) over encoded
-  inputs, with a dynamic batch dimension. Load it with ``torch.export.load(path).module()`` (no
-  flowrec import) and call it with ``dense`` (B, n_dense) float32 in spec order and ``sparse``, a
-  dict feature -> (ids, offsets): int64 table-local ids (nnz,) and bag boundaries (B + 1,), one
-  bag per sample. It returns (B, n_heads): probabilities for binary heads, values for regression.
+  inputs, with a dynamic batch dimension; its embedding tables are one per packed group of
+  plan.json (each group's tables one after another; version 2: one per logical table). Load it
+  with ``torch.export.load(path).module()`` (no flowrec import) and call it with ``dense``
+  (B, n_dense) float32 in spec order and ``sparse``, a dict feature -> (ids, offsets): int64
+  table-local ids (nnz,) and bag boundaries (B + 1,), one bag per sample. It returns
+  (B, n_heads): probabilities for binary heads, values for regression.
 - ``encoder.json`` + ``vocab/``: the encoder that turns raw columns into those inputs.
 - ``spec.json``, ``plan.json``: the spec and the plan the run was trained with.
 - ``managed/<table>.parquet``: for managed tables, the raw ids holding a row and their rows
@@ -40,7 +42,8 @@ from flowrec.spec.schema_errors import schema_issues
 from flowrec.spec.schemas import MODEL_PACKAGE_SCHEMA, load_schema
 
 PACKAGE_FORMAT = "flowrec-model"
-PACKAGE_VERSION = 2  # 2: manifest.json records the digest of every file
+PACKAGE_VERSION = 3  # 2: manifest.json records the digest of every file; 3: a table per packed group
+READ_VERSIONS = (2, 3)  # the package versions this flowrec loads (a version 2 program: a table per logical table)
 MODEL_FILE = "model.pt2"
 MANIFEST_FILE = "manifest.json"
 SPEC_FILE = "spec.json"
@@ -66,24 +69,38 @@ def encoded_inputs(spec: ModelSpec, table: pa.Table) -> tuple[torch.Tensor, dict
     return dense_t, sparse
 
 
-def planned_tables(folder: Path, spec: ModelSpec) -> list[tuple[str, int, int]]:
-    """(table, rows, dim) of the embedding tables of a package's program, in the program's order
-    (`ServingModel.tables`: the groups of plan.json, each group's tables in turn), sized by the spec.
-    Raises ValueError (one line) unless plan.json names each of the spec's tables once."""
+def planned_tables(folder: Path, spec: ModelSpec, version: int = PACKAGE_VERSION) -> list[tuple[str, int, int]]:
+    """(what, rows, dim) of the embedding tables of a package's program, in the program's order
+    (`ServingModel.tables`: one per group of plan.json, its tables one after another; in a
+    `version` 2 package one per logical table, the groups' tables in turn), sized by the spec;
+    `what` names the table in words. Raises ValueError (one line) unless plan.json names each of
+    the spec's tables once, each group's of one dim."""
     path = Path(folder) / PLAN_FILE
     doc = read_json_document(path)
     groups = doc.get("groups") if isinstance(doc, dict) else None
-    names: list[str | None] = []
+    layout: list[tuple[str, list[str | None]]] = []
     for group in groups if isinstance(groups, list) else []:
-        slots = group.get("tables") if isinstance(group, dict) else None
-        for slot in slots if isinstance(slots, list) else []:
-            name = slot.get("table") if isinstance(slot, dict) else None
-            names.append(name if isinstance(name, str) else None)
+        group = group if isinstance(group, dict) else {}
+        slots = group.get("tables") if isinstance(group.get("tables"), list) else []
+        names = [slot.get("table") if isinstance(slot, dict) else None for slot in slots]
+        layout.append((str(group.get("name")), [name if isinstance(name, str) else None for name in names]))
+    names = [name for _, tables in layout for name in tables]
     known = {t.name: t for t in spec.tables}
-    if len(names) != len(known) or set(names) != set(known):
+    if len(names) != len(known) or set(names) != set(known) or \
+            any(len({known[t].dim for t in tables}) != 1 for _, tables in layout if tables):
         raise ValueError(f"{path} does not fit the package's spec.json: it does not lay out the spec's "
                          f"{len(known)} tables; export the run again")
-    return [(name, known[name].rows, known[name].dim) for name in names]
+    if version < 3:
+        return [(f"the spec's table {name!r}", known[name].rows, known[name].dim) for name in names]
+    return [(f"plan.json's group {group!r} ({_few(tables)})", sum(known[t].rows for t in tables), known[tables[0]].dim)
+            for group, tables in layout if tables]
+
+
+def _few(tables: list[str]) -> str:
+    """A group's tables in words, the first three named."""
+    named = ", ".join(repr(t) for t in tables[:3])
+    return f"table {named}" if len(tables) == 1 else \
+        f"tables {named}{f' and {len(tables) - 3} more' if len(tables) > 3 else ''}"
 
 
 def check_program(program: torch.export.ExportedProgram, spec: ModelSpec, sparse: list[str], width: int,
@@ -92,7 +109,7 @@ def check_program(program: torch.export.ExportedProgram, spec: ModelSpec, sparse
     this package's spec says: `(dense, {feature: (ids, offsets)})` with the features `sparse` in
     order and one dense column per dense feature, returning (B, `width`): the heads' scores, or a
     retrieval package's query vectors (as wide as its items' vectors); and unless its embedding
-    tables are `tables` (`planned_tables`: (table, rows, dim) in the program's order).
+    tables are `tables` (`planned_tables`: (what, rows, dim) in the program's order).
     A model.pt2 of another export (its digest entered in the manifest by hand) is refused here
     rather than by torch's pytree message at the first call, or its index error at a lookup past
     a table's end (or scores of another model's tables without a word)."""
@@ -125,11 +142,11 @@ def _table_problem(program: torch.export.ExportedProgram, tables: list[tuple[str
     found = {int(m.group(1)): tuple(t.shape) for name, t in program.state_dict.items()
              if (m := TABLE_PARAMETER.fullmatch(name))}
     if sorted(found) != list(range(len(tables))):
-        return f"it holds {len(found)} embedding tables, not the spec's {len(tables)}"
-    for i, (table, rows, dim) in enumerate(tables):
+        return f"it holds {len(found)} embedding tables, not the package's {len(tables)}"
+    for i, (what, rows, dim) in enumerate(tables):
         if found[i] != (rows, dim):
             shape = " x ".join(map(str, found[i]))
-            return f"its table {i} is {shape}, not the spec's table {table!r} ({rows} x {dim})"
+            return f"its table {i} is {shape}, not {what} ({rows} x {dim})"
     return None
 
 
@@ -155,7 +172,7 @@ def read_manifest(folder: Path) -> dict[str, Any]:
                          f"readable {MANIFEST_FILE}: {exc}); make one with `flowrec export RUN OUT/`") from None
     if not isinstance(doc, dict) or doc.get("format") != PACKAGE_FORMAT:
         raise ValueError(f"{path} is not a flowrec model package manifest")
-    if problem := version_problem(doc.get("version"), PACKAGE_VERSION):
+    if problem := version_problem(doc.get("version"), READ_VERSIONS):
         raise ValueError(f"{path}: package format {problem}; export the run again with this flowrec")
     from jsonschema import Draft202012Validator
 

@@ -374,7 +374,7 @@ def _load_model(path: Path) -> LoadedModel:
         require_listed(path, manifest, [str(Path(p).relative_to(path)) for p in record.vocab_files.values()])
         spec = _spec(path / SPEC_FILE)
         check_manifest_fits(manifest, spec, path)
-        tables = planned_tables(path, spec)
+        tables = planned_tables(path, spec, manifest["version"])
         encoder = load_encoder(record, spec)
     except DataError as exc:
         raise ValueError(str(exc)) from None

@@ -32,6 +32,8 @@ from flowrec.spec.read import MAX_SPEC_BYTES
 MAX_PROGRAM_BYTES = 16 * MAX_SPEC_BYTES  # models/model.json (a 1,000-field model's graph is a few MB)
 MAX_CONFIG_BYTES = MAX_SPEC_BYTES  # weights / constants configs
 MAX_SAMPLE_BYTES = MAX_SPEC_BYTES  # the example inputs the program was traced with
+EXPR_CHARS = 4096  # characters of a shape expression, at most, plus PER_INPUT_CHARS per input of the program
+PER_INPUT_CHARS = 64  # (the ids of a packed group's fields side by side: a sum of their counts, ~46 characters each)
 WEIGHTS_CONFIG = "data/weights/model_weights_config.json"
 CONSTANTS_CONFIG = "data/constants/model_constants_config.json"
 PROGRAM = "models/model.json"
@@ -170,11 +172,13 @@ def _check_program(doc: dict, path: Path) -> None:
     if any(isinstance(v, str) and _LINE_BREAKS.search(v) for _, v in _walk(doc)):
         raise ArchiveError(f"{path}: {PROGRAM} holds text with a carriage return or NUL (which would end a line "
                            "of the code torch generates from it)")
+    inputs = graph.get("graph", {}).get("inputs") if isinstance(graph.get("graph"), dict) else None
+    longest = EXPR_CHARS + PER_INPUT_CHARS * (len(inputs) if isinstance(inputs, list) else 0)
     for key, value in _walk(doc):
         if key == "target" and isinstance(value, str) and not (TARGET.fullmatch(value) or value in SYM_OPS):
             raise ArchiveError(f"{path}: the program calls {value[:80]!r}, not an ATen operator")
         if key == "expr_str":
-            _check_expr(value, path)
+            _check_expr(value, path, longest)
         if key in ("parameter_name", "buffer_name", "tensor_constant_name") and not (
                 isinstance(value, str) and FQN.fullmatch(value)):
             raise ArchiveError(f"{path}: the program names a parameter {str(value)[:80]!r}")
@@ -193,10 +197,12 @@ def _walk(node: Any) -> Iterator[tuple[str, Any]]:
             yield from _walk(value)
 
 
-def _check_expr(text: Any, path: Path) -> None:
-    """A shape expression as torch writes it (sympy srepr of symbols, integers and sympy functions)."""
-    if not isinstance(text, str) or len(text) > 4096:
-        raise ArchiveError(f"{path}: the program holds a shape expression that is not text of a few KB")
+def _check_expr(text: Any, path: Path, longest: int) -> None:
+    """A shape expression as torch writes it (sympy srepr of symbols, integers and sympy functions),
+    at most `longest` characters."""
+    if not isinstance(text, str) or len(text) > longest:
+        raise ArchiveError(f"{path}: the program holds a shape expression that is not text of a few KB "
+                           "(a few per input)")
     position = 0
     while position < len(text):
         token = _SYMPY_TOKEN.match(text, position)

@@ -24,7 +24,9 @@ import torch
 
 MAX_IDS = 1 << 34  # ids per feature in one call that `flowrec export` declares (Dim nnz_i max)
 _BATCH_TERM = r"(?:L\['dense'\]\.size\(\)\[0\]|\(\(-1\) \+ L\['sparse'\]\['[^'\\]*'\]\[1\]\.size\(\)\[0\]\))"
-BATCH_GUARD = re.compile(rf"{_BATCH_TERM} == {_BATCH_TERM}")  # two inputs' rows are equal: nothing more
+_OFFSETS_TERM = r"L\['sparse'\]\['[^'\\]*'\]\[1\]\.size\(\)\[0\]"
+BATCH_GUARD = re.compile(rf"{_BATCH_TERM} == {_BATCH_TERM}"  # two inputs' rows are equal: nothing more
+                         rf"|{_OFFSETS_TERM} == {_OFFSETS_TERM}")  # (two features' offsets: rows + 1 each)
 
 
 def program_module(program: torch.export.ExportedProgram, path: Path, rows: int) -> torch.nn.Module:

@@ -3,9 +3,9 @@
 `load_trained(run, device, scoring)` rebuilds the model of a checkpoint from the spec and the plan
 stored in it (never planning again; `scoring` is the planner's rule that maps the trained plan to
 the one it is scored with, `flowrec.planner.contract.scoring_plan`) for `flowrec eval`.
-`ServingModel` is the model for serving: one table per logical table (unpacked from the packed
-tables, no optimizer state, fp32 or half) plus the dense operators; `flowrec.serving.package`
-exports it with `torch.export` into a model package.
+`ServingModel` is the model for serving: one table per packed group (its logical tables one after
+another, no optimizer state, fp32 or half), one lookup per group (`flowrec.serving.lookups`), plus
+the dense operators; `flowrec.serving.export` exports it with `torch.export` into a model package.
 
 Example:
     >>> serving = ServingModel(trained.spec, trained.model)  # doctest: +SKIP
@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from flowrec.data.batches import StagingOptions, iterate_batches
@@ -58,6 +57,7 @@ from flowrec.runtime.session import open_dataset, resolve_device
 from flowrec.spec.load import spec_from_dict
 from flowrec.spec.model import ModelSpec
 from flowrec.spec.validate import validate_document
+from flowrec.serving.lookups import GroupLookup
 from operators.custom_code import UserCodeRefused
 from operators.embedding import restoring_tables
 
@@ -256,12 +256,13 @@ def missing_encoder(run: Path, trained: Trained) -> str | None:
 
 
 class ServingModel(nn.Module):
-    """A trained model for serving: per-table embedding bags + the dense operators.
+    """A trained model for serving: a table per packed group, one lookup per group (per run of its
+    pooled fields of one pooling: `flowrec.serving.lookups`) + the dense operators.
 
     Args:
         spec: the model spec.
-        lowered: a lowered model whose packed tables are split into per-table weights (taken
-            from it group by group).
+        lowered: a lowered model whose packed tables become the serving tables, each group's
+            logical tables one after another in the group's order (taken from it group by group).
         mapped: the lowered model's tables are mapped from a checkpoint file that it alone
             holds (`load_trained` with mmap, for this export only): each table is then used in
             place, not copied (`_in_place`; copying wide_1000's 3.9 GB took about 3.9 s). Other
@@ -280,19 +281,25 @@ class ServingModel(nn.Module):
         super().__init__()
         self.fields = {g.name: g.fields for g in lowered.groups}
         self.tasks = lowered.tasks
-        copies: dict[str, nn.Parameter] = {}
-        for g in lowered.groups:
+        packed, lookups = [], []
+        self.places: dict[str, tuple[int, int, int]] = {}  # table -> (group index, first row, rows)
+        for i, g in enumerate(lowered.groups):
             emb = lowered.embeddings.pop(g.name)  # the packed tables are freed group by group
+            packed.append(nn.Parameter(_group_rows(emb, g, mapped), requires_grad=False))
+            first = 0
             for slot in g.tables:
-                rows = emb.table_rows(slot.table).detach()
-                own = _in_place(rows) if mapped and rows.device.type == "cpu" and rows.is_contiguous() else \
-                    rows.to("cpu", copy=True)
-                copies[slot.table] = nn.Parameter(own, requires_grad=False)
+                self.places[slot.table] = (i, first, slot.rows)
+                first += slot.rows
+            lookups.append(GroupLookup(g.fields, {t: p[1:] for t, p in self.places.items() if p[0] == i}))
             del emb
-        order = [slot.table for g in lowered.groups for slot in g.tables]
-        self.table_index = {table: i for i, table in enumerate(order)}
-        self.tables = nn.ParameterList([copies.pop(t) for t in order])  # one (rows, D) table per logical table
+        self.tables = nn.ParameterList(packed)  # one (rows, D) table per packed group: its tables in turn
+        self.lookups = nn.ModuleList(lookups)
         self.dense_model = lowered  # the dense part of the model, without its packed tables
+
+    def table(self, name: str) -> torch.Tensor:
+        """The rows of one logical table inside its group's table (a view).  # (rows, D)"""
+        group, first, rows = self.places[name]
+        return self.tables[group][first:first + rows]
 
     def cast_tables(self, dtype: torch.dtype) -> None:
         """Store the tables in `dtype` (fp16 / bf16: half the bytes), one group at a time."""
@@ -301,18 +308,8 @@ class ServingModel(nn.Module):
 
     def forward(self, dense: torch.Tensor, sparse: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         emb, masks = {}, {}
-        for group, fields in self.fields.items():
-            parts = []
-            for f in fields:
-                ids, offsets = sparse[f.feature]
-                weight = self.tables[self.table_index[f.table]]
-                if f.pooling == "none":
-                    parts.append(_sequence(ids, offsets, weight, f.max_len))  # (B, L, D)
-                else:
-                    mode = "mean" if f.pooling == "mean" else "sum"
-                    pooled = F.embedding_bag(ids, weight, offsets, mode=mode, include_last_offset=True)  # (B, D)
-                    parts.append(pooled if pooled.dtype == torch.float32 else pooled.float())
-            emb[group] = _fields(parts)  # (B, S, D)
+        for group, weight, lookup in zip(self.fields, self.tables, self.lookups):
+            emb[group] = lookup(weight, sparse)  # (B, S, D)
         for step in self.dense_model.steps:
             seq_slot = OP_KINDS[step.kind].sequence_slot
             if seq_slot is not None:
@@ -325,15 +322,19 @@ class ServingModel(nn.Module):
         return scores(logits, self.tasks, self.dense_model.head_widths)
 
 
-def _fields(parts: list[torch.Tensor]) -> torch.Tensor:
-    """A group's fields side by side: pooled (B, D) and sequence (B, L, D) lookups.  # (B, S, D)
-
-    Pooled fields alone are one stack: its program holds one node for them, where an unsqueeze
-    of each and a cat held one more node per field (and its tensor record, which
-    `torch.export.load` reads back: a 1,000-field package's load went through them all)."""
-    if all(part.dim() == 2 for part in parts):
-        return torch.stack(parts, dim=1)
-    return torch.cat([part.unsqueeze(1) if part.dim() == 2 else part for part in parts], dim=1)
+def _group_rows(emb: nn.Module, group: Any, mapped: bool) -> torch.Tensor:
+    """A packed group's tables one after another, in the group's order: the packed table's own
+    rows where they lie so, used in place when `mapped` (`ServingModel`), else a copy.  # (rows, D)"""
+    slots = group.tables
+    rows = sum(slot.rows for slot in slots)
+    weight = getattr(emb, "weight", None)
+    in_turn = all(a.row_offset + a.rows == b.row_offset for a, b in zip(slots, slots[1:]))
+    if isinstance(weight, torch.Tensor) and in_turn:
+        whole = weight[slots[0].row_offset:slots[0].row_offset + rows].detach()
+        if mapped and whole.device.type == "cpu" and whole.is_contiguous():
+            return _in_place(whole)
+        return whole.to("cpu", copy=True)
+    return torch.cat([emb.table_rows(slot.table).detach().to("cpu") for slot in slots])
 
 
 def _in_place(rows: torch.Tensor) -> torch.Tensor:
@@ -361,14 +362,3 @@ def drop_mapped_pages(tensor: torch.Tensor) -> None:
 
 def emb_len(fields: dict[str, Any], feature: str) -> int:
     return next(f.max_len for fs in fields.values() for f in fs if f.feature == feature)
-
-
-def _sequence(ids: torch.Tensor, offsets: torch.Tensor, weight: torch.Tensor, max_len: int) -> torch.Tensor:
-    """Padded sequence lookup: the first max_len ids of each bag; padding rows are zeros.  # (B, L, D)"""
-    lengths = (offsets[1:] - offsets[:-1]).clamp(max=max_len)  # (B,)
-    positions = torch.arange(max_len)
-    valid = positions.unsqueeze(0) < lengths.unsqueeze(1)  # (B, L)
-    padded = torch.cat([ids, ids.new_zeros(1)])  # index nnz: the padding id of short sequences
-    index = (offsets[:-1].unsqueeze(1) + positions.unsqueeze(0)).clamp(max=ids.numel())  # (B, L)
-    rows = torch.where(valid, padded[index], 0)  # (B, L)
-    return weight[rows].float() * valid.unsqueeze(2)  # padding positions are zeros

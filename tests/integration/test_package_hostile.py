@@ -428,12 +428,13 @@ SWAPPED = {  # model.pt2 of another model, its digest entered in the manifest (t
     "sparse_features_in_another_order": _swap_program(["city", "user"], 1, 1),
     "other_dense_width": _swap_program(["user", "city"], 2, 1),
     "other_head_count": _swap_program(["user", "city"], 1, 2),
-    # the same inputs and scores, other tables (user: vocab 40 + the unknown row, city: 20 buckets; dim 4):
-    "smaller_tables": _swap_tables([(6, 4), (3, 4)]),  # torch's index error at the first id past their end
-    "wider_tables": _swap_tables([(41, 8), (20, 8)]),  # scored without a word
-    "tables_in_another_order": _swap_tables([(20, 4), (41, 4)]),
-    "another_table_count": _swap_tables([(41, 4)]),
-    "a_fixed_batch": _swap_tables([(41, 4), (20, 4)], any_batch=False),  # torch's AssertionError at the call
+    # the same inputs and scores, other tables (one packed group: user, vocab 40 + the unknown row, then
+    # city, 20 buckets; dim 4):
+    "smaller_tables": _swap_tables([(9, 4)]),  # torch's index error at the first id past their end
+    "wider_tables": _swap_tables([(61, 8)]),  # scored without a word
+    "a_table_per_logical_table": _swap_tables([(41, 4), (20, 4)]),  # (a version 2 program)
+    "another_table_count": _swap_tables([(61, 4), (3, 4)]),
+    "a_fixed_batch": _swap_tables([(61, 4)], any_batch=False),  # torch's AssertionError at the call
 }
 
 

@@ -30,12 +30,16 @@ def test_the_package_load_benchmark_writes_every_variants_figures(tmp_path: Path
         "training": {"batch_size": 32}}
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     out = tmp_path / "figures" / "load.json"
+    before = Path(__file__).parent / "fixtures" / "package_v2"  # a package of another flowrec (format 2, 5 tables)
     _tool().main(["--spec", str(tmp_path / "spec.json"), "--rows", str(int(rng.integers(64, 200))), "--steps", "1",
-                  "--rounds", "1", "--out", str(out)])
+                  "--rounds", "1", "--before", str(before), "--out", str(out)])
     figures = json.loads(out.read_text())
     assert figures["spec"] == "bench_load_tiny" and figures["fields"] == 3 and figures["same_graph"] is True
     assert set(figures["median"]) == {"torch_export_load", "load_program", "load_program_no_memo", "load_model",
-                                      "load_model_samples_twice", "first_predict"}
+                                      "load_model_samples_twice", "load_model_before", "first_predict"}
+    graph = figures["graph"]  # one lookup for the 3 fields of one dim; one per field in the package of before
+    assert graph["package"]["embedding_bags"] == 1 and graph["before"]["embedding_bags"] == 5
+    assert graph["package"]["placeholders"] > 7 and graph["before"]["nodes"] > graph["before"]["placeholders"]
     for name, median in figures["median"].items():
         assert set(median) == {"wall_s", "cpu_s"}, name
         assert all(math.isfinite(v) and v > 0 for v in median.values()), (name, median)

@@ -91,7 +91,7 @@ def test_a_record_whose_version_is_not_an_integer_says_so(tmp_path: Path, versio
     words = "is missing" if version is None else "must be an integer"
     with pytest.raises(ValueError, match=f"manifest.json: package format version {words}") as caught:
         package.read_manifest(folder)
-    assert "reads version 2" in str(caught.value) and "version '2' (" not in str(caught.value)
+    assert "reads versions 2, 3" in str(caught.value) and "version '2' (" not in str(caught.value)
     meta = {"format": "flowrec-dataset", "spec": "s", "data_hash": "h", "rows": 1, "labels": []}
     with pytest.raises(DataError, match=f"dataset metadata version {words}"):
         DatasetMeta.from_json(json.dumps(meta | ({} if version is None else {"version": version})))

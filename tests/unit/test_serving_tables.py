@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 import flowrec
 from flowrec.cli import app
 from flowrec.planner.contract import scoring_plan
+from flowrec.serving import trained as trained_module
 from flowrec.serving.trained import ServingModel, load_trained
-from operators.embedding import PackedEmbeddingBag
 
 SPEC = """
 name: tables
@@ -50,24 +50,25 @@ def test_the_tables_of_a_mapped_checkpoint_are_used_in_place(run: Path) -> None:
     trained = load_trained(run, "cpu", scoring_plan, mmap=True)
     packed = _packed(trained)
     assert any(len(g.tables) > 1 for g in trained.model.groups)  # views inside one packed table
+    weights = [trained.model.embeddings[g.name].weight for g in trained.model.groups]
     serving = ServingModel(trained.spec, trained.model, mapped=True)
-    for table, i in serving.table_index.items():
+    for table, (group, first, rows) in serving.places.items():
         weight, slot = packed[table]
-        rows = weight[slot.row_offset:slot.row_offset + slot.rows]
-        assert serving.tables[i].data_ptr() == rows.data_ptr()  # its memory, not a copy
-        assert serving.tables[i].untyped_storage().nbytes() == rows.numel() * rows.element_size()  # a record of its own
-        assert np.array_equal(serving.tables[i].numpy(), rows.detach().numpy())
+        assert serving.table(table).data_ptr() == weight[slot.row_offset].data_ptr()  # its memory, not a copy
+        assert np.array_equal(serving.table(table).numpy(), weight[slot.row_offset:slot.row_offset + rows].numpy())
+    for i, weight in enumerate(weights):  # a group's table: a record of its own, the group's rows
+        assert serving.tables[i].untyped_storage().nbytes() == serving.tables[i].numel() * weight.element_size()
 
 
 def test_the_tables_of_a_model_its_caller_holds_are_copied(run: Path) -> None:
     trained = load_trained(run, "cpu", scoring_plan)
     packed = _packed(trained)
     serving = ServingModel(trained.spec, trained.model)
-    before = {t: serving.tables[i].detach().clone() for t, i in serving.table_index.items()}
+    before = {t: serving.table(t).detach().clone() for t in serving.places}
     for weight, _ in packed.values():
         weight.data.add_(1.0)  # the caller trains on
-    for table, i in serving.table_index.items():
-        assert np.array_equal(serving.tables[i].numpy(), before[table].numpy())
+    for table in serving.places:
+        assert np.array_equal(serving.table(table).numpy(), before[table].numpy())
 
 
 def _raw_rows(n: int) -> pd.DataFrame:
@@ -80,8 +81,7 @@ def _raw_rows(n: int) -> pd.DataFrame:
 def test_the_package_is_byte_for_byte_the_one_the_copies_gave(run: Path, tmp_path: Path, monkeypatch) -> None:
     exported = CliRunner().invoke(app, ["export", str(run), str(tmp_path / "in_place")])
     assert exported.exit_code == 0, exported.output
-    rows_of = PackedEmbeddingBag.table_rows
-    monkeypatch.setattr(PackedEmbeddingBag, "table_rows", lambda self, t: rows_of(self, t).clone())  # the copy of before
+    monkeypatch.setattr(trained_module, "_in_place", lambda rows: rows.clone())  # a copy of each group's table
     exported = CliRunner().invoke(app, ["export", str(run), str(tmp_path / "copied")])
     assert exported.exit_code == 0, exported.output
     monkeypatch.undo()
