@@ -24,7 +24,7 @@ FAST: frozenset[str] = frozenset()
 FILES: dict[str, frozenset[str]] = {
     # unit: planning, operators, caches, data staging: fast unless noted
     **{f"tests/unit/{name}.py": FAST for name in (
-        "test_bench_costmodel_merge", "test_doctor_versions", "test_transfer_stage", "test_bench_host_noise", "test_bench_calibration_noise", "test_bench_later_epochs", "test_bench_hit_rate", "test_bench_lookahead_fetches", "test_bench_dense_bound", "test_bench_weight_grads", "test_tool_help_strings", "test_bench_dropout", "test_bench_row_hashes", "test_cache_model",
+        "test_bench_costmodel_merge", "test_doctor_versions", "test_transfer_stage", "test_bench_host_noise", "test_bench_calibration_noise", "test_bench_later_epochs", "test_bench_hit_rate", "test_bench_lookahead_fetches", "test_bench_dense_bound", "test_bench_weight_grads", "test_bench_first_layer", "test_tool_help_strings", "test_bench_dropout", "test_bench_row_hashes", "test_cache_model",
         "test_cache_next_use",
         "test_cache_scratchpad", "test_checkpoint_rank_deltas", "test_checkpoint_shards", "test_rank_reports", "test_sharded_init",
         "test_cost_calibrated", "test_cost_exchange", "test_data_batches", "test_data_rowcache", "test_data_rowpack", "test_data_cachesim", "test_data_checks",
