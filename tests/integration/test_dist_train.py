@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flowrec.testing.processes import communicate_bounded, kill_tree
+from flowrec.testing.processes import communicate_bounded, descendants, kill_tree
 from flowrec.testing.ranks import assert_same_model, run_flowrec, subprocess_env
 from flowrec.testing.specs import TINY
 
@@ -248,23 +248,6 @@ def test_a_dead_or_hung_rank_makes_the_other_exit_within_the_timeout(work, how):
     assert "Traceback" not in err, err[-2000:]
 
 
-def _descendants(pid: int) -> list[int]:
-    """Process ids below `pid` (Linux /proc), children first."""
-    parents: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    out, todo = [], [pid]
-    while todo:
-        kids = parents.get(todo.pop(0), [])
-        out += kids
-        todo += kids
-    return out
-
-
 @pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="finds the ranks through /proc")
 def test_max_restarts_ends_like_an_uninterrupted_run(work):
     train(work, "r_ref6", 1, "--plan", "p1.json", "--epochs", "6")
@@ -274,7 +257,7 @@ def test_max_restarts_ends_like_an_uninterrupted_run(work):
     job = subprocess.Popen(cmd, cwd=work, env=_env(), stderr=subprocess.PIPE, text=True)
     try:
         _wait_for_steps(work / "r_restart" / "metrics.jsonl", [job], 12)
-        cmdlines = {p: Path(f"/proc/{p}/cmdline").read_bytes() for p in _descendants(job.pid)}
+        cmdlines = {p: Path(f"/proc/{p}/cmdline").read_bytes() for p in descendants(job.pid)}
         ranks = [p for p, c in cmdlines.items() if b"flowrec\x00train" in c and b"flowrec.cli.ranks" not in c]
         assert len(ranks) == 2, ranks
         os.kill(ranks[-1], signal.SIGKILL)

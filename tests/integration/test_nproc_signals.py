@@ -20,7 +20,7 @@ from typing import Callable
 import pytest
 import yaml
 
-from flowrec.testing.processes import communicate_bounded, kill_tree
+from flowrec.testing.processes import communicate_bounded, descendants, kill_tree
 from flowrec.testing.ranks import assert_same_model, run_flowrec, subprocess_env
 from flowrec.testing.specs import TINY
 
@@ -51,23 +51,6 @@ def _args(out: str, nproc: int = 2) -> list[str]:
             *(["--nproc", str(nproc)] if nproc > 1 else [])]
 
 
-def _descendants(pid: int) -> list[int]:
-    """Process ids below `pid` (Linux /proc)."""
-    parents: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    out, todo = [], [pid]
-    while todo:
-        kids = parents.get(todo.pop(0), [])
-        out += kids
-        todo += kids
-    return out
-
-
 def _assert_gone(launch: list[int], err: str) -> None:
     """Every process of the launch has exited within EXIT_S (none left running)."""
     deadline = time.monotonic() + EXIT_S
@@ -90,7 +73,7 @@ def _wait_for_ranks_training(job: subprocess.Popen, metrics: Path) -> list[int]:
     while time.monotonic() < deadline:
         assert job.poll() is None, "the run ended before the signal"
         if metrics.is_file() and sum('"event": "train"' in line for line in metrics.open()) >= 3:
-            return _descendants(job.pid)
+            return descendants(job.pid)
         time.sleep(0.1)
     pytest.fail(f"no training steps within {TIMEOUT_S} s")
 
@@ -198,7 +181,7 @@ def _signal_when_held(args: list[str], work: Path, env: dict, tmp_path: Path, he
         while not held() and time.monotonic() < deadline:
             assert job.poll() is None, "the run ended before it was held: " + "".join(said)[-3000:]
             time.sleep(0.1)
-        launch = _descendants(job.pid)
+        launch = descendants(job.pid)
         job.send_signal(sig)
         if arrived is not None:  # the held processes have the signal: a fixed sleep was too short on a loaded machine
             deadline = time.monotonic() + ARRIVED_S
