@@ -404,3 +404,19 @@ def test_a_run_on_a_dataset_closes_its_data_as_the_command_line_does(tmp_path: P
     flowrec.train(spec, resume=tmp_path / "r", max_steps=4)
     assert readers() <= before
     assert sorted(p.relative_to(tmp_path / "d").as_posix() for p in (tmp_path / "d").rglob(RECORD_FILE)) == records
+
+
+def test_other_synthetic_rows_given_to_a_resume_are_said(tmp_path: Path, monkeypatch) -> None:
+    """`rows=` other than a synthetic run's own, given to its resume, goes on in other rows: a
+    UserWarning says so (the command line says it in a note); the same rows given again, none."""
+    monkeypatch.chdir(tmp_path)
+    spec = _spec(tmp_path, epochs=3)
+    rows, seed = random.randint(250, 400), random.randint(1, 10**6)
+    flowrec.train(spec, out=tmp_path / "r", rows=rows, seed=seed, max_steps=2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        flowrec.train(spec, resume=tmp_path / "r", rows=rows, max_steps=3)
+    assert not [w for w in caught if "overrides the run's rows" in str(w.message)]
+    other = rows + random.randint(50, 200)
+    with pytest.warns(UserWarning, match=f"rows={other} overrides the run's rows={rows}"):
+        flowrec.train(spec, resume=tmp_path / "r", rows=other, max_steps=4)
