@@ -344,17 +344,15 @@ def _warn_rows_ignored(rows: int, settings: dict[str, Any], spec: ModelSpec, sta
                       "(max_steps=N stops it sooner)", UserWarning, stacklevel=stacklevel)
 
 
-def _warn_other_synthetic_rows(rows: int, folder: Path, settings: dict[str, Any], spec: ModelSpec) -> None:
+def _warn_other_synthetic_rows(rows: int, folder: Path, settings: dict[str, Any], spec: ModelSpec,
+                               recorded: int | None) -> None:
     """A UserWarning where `rows=` given to the resume of a run on synthetic rows differs from the
-    rows it was started with: it goes on from its checkpoint's place in other rows (`flowrec train
-    --resume RUN --rows N` says so in a note; Python said nothing)."""
+    rows it was started with (`recorded`, its run.json's): it goes on from its checkpoint's place in
+    other rows (`flowrec train --resume RUN --rows N` says so in a note; Python said nothing)."""
     import warnings
-
-    from flowrec.runs.settings import read_run_file
 
     if settings["data"] or (spec.data is not None and spec.data.bound):
         return  # a dataset's run: `_warn_rows_ignored` says rows= is ignored
-    recorded = (read_run_file(folder) or {}).get("rows")
     if recorded is not None and recorded != rows:
         warnings.warn(f"rows={rows} overrides the run's rows={recorded}: the run in {folder} goes on from its "
                       f"checkpoint's place in {rows:,} synthetic rows, not the {recorded:,} it started on (leave "
@@ -443,7 +441,7 @@ def _train_resumed(spec: str | Path | ModelSpec, spec_path: Path, model_spec: Mo
             return _finished(folder, finished, given["device"])
         if given["rows"] is not None:
             _warn_rows_ignored(given["rows"], settings, run.spec, stacklevel=4)
-            _warn_other_synthetic_rows(given["rows"], folder, settings, run.spec)
+            _warn_other_synthetic_rows(given["rows"], folder, settings, run.spec, (run.recorded or {}).get("rows"))
         if state is None:  # stopped before its first checkpoint: from step 0, with its recorded settings
             plan, dev = plan_for_run(run.spec, settings["device"] or "auto", settings["device_budget"], None,
                                      data=settings["data"], epochs=settings.get("epochs"),

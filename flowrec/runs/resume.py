@@ -327,7 +327,8 @@ class Resumption:
     """A run to go on with, read from its folder (`read_resumption`): its settings (run.json's, given
     options over them), its checkpoint (None: the run was stopped before its first one, and starts again
     from step 0 with its recorded settings), the plan it trains (None without a checkpoint: planned
-    anew), and `finished` (a `FinishedRun`) where the checkpoint shows it at its end already."""
+    anew), `finished` (a `FinishedRun`) where the checkpoint shows it at its end already, and its
+    run.json as read (`recorded`, None where the run has none)."""
 
     folder: Path
     spec: Any
@@ -335,6 +336,7 @@ class Resumption:
     state: dict[str, Any] | None
     plan: Any = None
     finished: Any = None
+    recorded: dict[str, Any] | None = None
 
 
 def read_resumption(folder: Path, given_settings: dict[str, Any], spec: Any, spec_label: str,
@@ -369,7 +371,7 @@ def read_resumption(folder: Path, given_settings: dict[str, Any], spec: Any, spe
     if state is None:
         if (problem := recorded_data_problem(given_settings, settings, folder, python)) is not None:
             raise RunError(problem)
-        return Resumption(folder, spec, settings, None)
+        return Resumption(folder, spec, settings, None, recorded=recorded)
     if (problem := seed_problem(settings["seed"], state, folder, python)) is not None:
         raise RunError(problem)
     bound = spec.data is not None and spec.data.bound
@@ -395,4 +397,4 @@ def read_resumption(folder: Path, given_settings: dict[str, Any], spec: Any, spe
     finished = finished_from_checkpoint(state, spec, plan, settings, folder)
     if finished is None and (problem := recorded_data_problem(given_settings, settings, folder, python)):
         raise RunError(problem)
-    return Resumption(folder, spec, settings, state, plan, finished)
+    return Resumption(folder, spec, settings, state, plan, finished, recorded)
