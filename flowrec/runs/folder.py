@@ -42,8 +42,8 @@ def claim_run_folder(out: Path | None, resume: Path | None, overwrite: bool, nam
             raise RunFolderError(f"nothing to resume: {folder} does not exist")
         if not has_run(folder) and not (folder / RUN_FILE).is_file():
             raise RunFolderError(f"nothing to resume: {folder} has no checkpoint.pt or run.json")
+        python = not replace_with.startswith("--")  # flowrec.train(resume=RUN)
         if run_folder_of(folder) != folder:  # RUN/best: its 'run.json is missing' line said to --overwrite it
-            python = not replace_with.startswith("--")  # flowrec.train(resume=RUN/best)
             again = f"resume={str(run_folder_of(folder))!r}" if python else f"--resume {run_folder_of(folder)}"
             start = f"--init-from {folder} --out NEW"
             start = f"`flowrec train SPEC {start}`" if python else start
@@ -52,14 +52,14 @@ def claim_run_folder(out: Path | None, resume: Path | None, overwrite: bool, nam
                                  f"a new run from this checkpoint with {start}")
         lock = open_folder(folder)
         _refuse_lost_checkpoint(folder, lock, f"put it back to continue, or start the run over with "
-                                              f"{_out_again(folder, replace_with)}")
+                                              f"{out_again(folder, python)}")
         if has_run(folder) and not (folder / RUN_FILE).is_file():  # the settings below the checkpoint
             lock.release()
             kind = not_a_file(folder / RUN_FILE)
             raise RunFolderError(f"{folder}/{RUN_FILE} is {f'{kind}, not the file the run wrote' if kind else 'missing'}: it records the data, rows, epochs and every "
                                  f"other setting the run was started with, without which the checkpoint would "
                                  f"go on training other data; put it back to continue, or start the run over "
-                                 f"with {_out_again(folder, replace_with)}")
+                                 f"with {out_again(folder, python)}")
         return folder, lock
     if out is None:
         _check_not_inside_owned(Path("runs") / name)
@@ -81,13 +81,14 @@ def claim_run_folder(out: Path | None, resume: Path | None, overwrite: bool, nam
     return out, lock
 
 
-def _out_again(folder: Path, replace_with: str) -> str:
-    """How the caller trains a new run into `folder`: `--out F --overwrite`, or in Python `out='F', overwrite=True`.
+def out_again(folder: Path, python: bool) -> str:
+    """How the caller trains a new run into `folder` over the one there: `--out F --overwrite`, or in
+    Python (`python`) `out='F', overwrite=True`.
 
-    >>> _out_again(Path("runs/a"), "--overwrite"), _out_again(Path("runs/a"), "overwrite=True")
+    >>> out_again(Path("runs/a"), False), out_again(Path("runs/a"), True)
     ('--out runs/a --overwrite', "out='runs/a', overwrite=True")
     """
-    return f"--out {folder} {replace_with}" if replace_with.startswith("--") else f"out={str(folder)!r}, {replace_with}"
+    return f"out={str(folder)!r}, overwrite=True" if python else f"--out {folder} --overwrite"
 
 
 def _refuse_lost_checkpoint(folder: Path, lock: Any, remedy: str) -> None:

@@ -160,11 +160,12 @@ def older_split_problem(spec: Any, folder: Path, python: bool = False) -> str | 
         return None  # its encoding is there: resumed as it is (a lost part is named when it is read)
     if not seeded_split(dict(spec.data.options)):
         return None  # no seeded split: encoding the data again gives the same rows
-    over = f"out={str(folder)!r}, overwrite=True" if python else f"--out {folder} --overwrite"
+    from flowrec.runs.folder import out_again
+
     return (f"{data} is gone, and the run in {folder} was trained by a flowrec of before 2026-12-05 (its run.json "
             f"records no train_rows) on the spec's data split into train and test by a seed, which this flowrec "
             f"splits otherwise: encoding it again would continue the run on other rows and evaluate it on rows it "
-            f"trained on; put {data} back, or start over with {over}")
+            f"trained on; put {data} back, or start over with {out_again(folder, python)}")
 
 
 def split_since_problem(data: Path, folder: Path, python: bool = False) -> str | None:
