@@ -586,9 +586,7 @@ def _resume_command(spec: str | Path | ModelSpec, folder: Path) -> str:
     >>> _resume_command("tiny.yaml", Path("runs/tiny"))
     "`flowrec.train('tiny.yaml', resume='runs/tiny')`"
     """
-    from flowrec.runs.resume import python_resume_call
-
-    return python_resume_call(repr(str(spec)) if not isinstance(spec, ModelSpec) else "spec", folder)
+    return f"`flowrec.train({repr(str(spec)) if not isinstance(spec, ModelSpec) else 'spec'}, resume={str(folder)!r})`"
 
 
 def _interrupted_line(step: int, spec: str | Path | ModelSpec, folder: Path | None) -> str:

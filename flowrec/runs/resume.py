@@ -31,16 +31,6 @@ def given(key: str, value: Any, python: bool) -> str:
     return f"{key}={value!r}" if python else f"{option(key, False)} {value}"
 
 
-def python_resume_call(spec: str, folder: Path | str) -> str:
-    """The Python call that continues the run in `folder` (`spec`: the spec file, or `spec` for a
-    `ModelSpec`, written as code).
-
-    >>> python_resume_call("'my.yaml'", Path("runs/a"))
-    "`flowrec.train('my.yaml', resume='runs/a')`"
-    """
-    return f"`flowrec.train({spec}, resume={str(folder)!r})`"
-
-
 def seed_problem(seed: int | None, state: dict[str, Any], folder: Path, python: bool = False) -> str | None:
     """Why a resumed run cannot take `seed` (another seed than it was trained with: its data order,
     synthetic rows and dropout follow from it), or None."""
