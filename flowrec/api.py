@@ -245,19 +245,14 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
             cannot run it; `resume` with `overwrite` or another `out`, or with a spec, seed or plan option
             other than the run's.
     """
-    from flowrec.data.layout import DataError
-    from flowrec.data.profile import forget_kept_sample
     from flowrec.graph.plan_io import plan_json
-    from flowrec.runs.errors import EXIT_USAGE, RunError
+    from flowrec.runs.errors import RunError
     from flowrec.runs.folder import claim_run_folder
     from flowrec.runs.plan import plan_for_run
     from flowrec.runtime.progress import reading_bar
     from flowrec.runs.settings import given_problem, write_run_file
     from flowrec.runs.start import record_encoder, run_settings, start_session, train_config
-    from flowrec.runtime.checkpoint.store import CheckpointError
-    from flowrec.runtime.nonfinite import TrainingStopped
-    from flowrec.runtime.run_log import MetricsError
-    from flowrec.runtime.rundir import RunFolderError, clear_run_files, folder_state
+    from flowrec.runtime.rundir import clear_run_files, folder_state
     from flowrec.runtime.trainer import Trainer
     from flowrec.serving.trained import Trained
     from flowrec.spec.load import load_spec
@@ -288,43 +283,26 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
                               lambda trainer: _hooks(trainer, on_step, on_eval, on_checkpoint))
     settings, _ = run_settings(given, model_spec)
     _warn_rows_ignored(rows, settings, model_spec)
-    found, refused, trainer, session = folder_state(folder), False, None, None
+    found = folder_state(folder)
     lock = claim_run_folder(folder, None, overwrite, model_spec.name, "overwrite=True",
                             _resume_command(spec, folder))[1] if folder else None
-    try:
+    with _RunGuard(lock, found) as guard:
         # the same plan as `flowrec train` (sampled access profile of the data included) and the same run.json
         plan, dev = plan_for_run(model_spec, settings["device"], settings["device_budget"], None,
                                  data=settings["data"], epochs=settings.get("epochs"),
                                  max_steps=settings.get("max_steps"), progress=reading_bar(progress))
-        session = start_session(model_spec, spec_path, settings, folder, plan, dev)
+        session = guard.session = start_session(model_spec, spec_path, settings, folder, plan, dev)
         _warn_label_warnings(session)
         # the returned Run scores only data of this encoder, as a loaded one (it scored any, silently)
         encoder = record_encoder(session, folder, False, None, _warn_line)  # eval_data= of ids written otherwise
         if folder is not None:
             clear_run_files(folder)
-        trainer = Trainer(session.spec, session.plan, session.model, train_config(settings, folder, progress),
-                          plan_json(session.plan))
+        trainer = guard.trainer = Trainer(session.spec, session.plan, session.model,
+                                          train_config(settings, folder, progress), plan_json(session.plan))
         if folder is not None:
             settings["train_rows"] = sum(session.train.partition_rows())  # as `flowrec train` records it
             write_run_file(folder, settings, session.spec)
         result = trainer.fit(session.train, session.eval, hooks=_hooks(trainer, on_step, on_eval, on_checkpoint))
-    except RunError as exc:
-        refused = exc.code == EXIT_USAGE
-        raise _typed(exc) from None
-    except (DataError, RunFolderError, CheckpointError, MetricsError, TrainingStopped):  # `flowrec train`'s exit 2
-        refused = True
-        raise
-    except Exception as exc:  # a custom module's own error reaches the caller as its own type (a caller may
-        # catch it), with `flowrec train`'s line as a note: where it stopped, whose code, what was kept
-        if trainer is not None:
-            _note_custom(exc, trainer)
-        raise
-    finally:
-        if session is not None:  # its reader threads, Dask cluster and row cache; its check record saved
-            session.close_data()
-        forget_kept_sample()  # a run that stopped before its hot set was chosen holds no sample
-        if lock is not None:  # a refused run leaves no folder it made, an empty one empty (as `flowrec train`)
-            lock.release_as_found(found, refused)
     if result.interrupted:  # Ctrl-C (a notebook's interrupt) or SIGTERM: checkpointed, then stops the caller
         # too, as `flowrec train` exits 130 (returning, it let a loop of runs or the cell's next lines go on)
         raise KeyboardInterrupt(_interrupted_line(result.steps, spec, folder))
@@ -400,21 +378,17 @@ def _train_resumed(spec: str | Path | ModelSpec, spec_path: Path, model_spec: Mo
     and returned loaded, nothing written; a refused one leaves its folder as it was."""
     from contextlib import nullcontext
 
-    from flowrec.data.layout import DataError
-    from flowrec.data.profile import forget_kept_sample
     from flowrec.graph.plan_io import plan_json
-    from flowrec.runs.errors import EXIT_USAGE, RunError
+    from flowrec.runs.errors import RunError
     from flowrec.runs.folder import claim_run_folder
     from flowrec.runs.plan import plan_for_run
     from flowrec.runs.resume import (changed_data_line, finished_line, read_resumption, resumed_device,
                                      stream_folder_problem)
     from flowrec.runs.settings import write_run_file
     from flowrec.runs.start import record_encoder, start_session, train_config
-    from flowrec.runtime.checkpoint.store import CHECKPOINT_NAME, CheckpointError
+    from flowrec.runtime.checkpoint.store import CHECKPOINT_NAME
     from flowrec.runtime.messages import shell_word
-    from flowrec.runtime.nonfinite import TrainingStopped
     from flowrec.runtime.progress import reading_bar
-    from flowrec.runtime.run_log import MetricsError
     from flowrec.runtime.rundir import RunFolderError, clear_run_files, folder_state
     from flowrec.runtime.trainer import Trainer
     from flowrec.serving.trained import Trained
@@ -425,14 +399,14 @@ def _train_resumed(spec: str | Path | ModelSpec, spec_path: Path, model_spec: Mo
     label = str(spec) if not isinstance(spec, ModelSpec) else f"ModelSpec {spec.name!r}"
     if (problem := stream_folder_problem(folder, shell_word(label) if not isinstance(spec, ModelSpec) else "SPEC")):
         raise RunFolderError(problem)  # not "nothing to resume: it has no checkpoint.pt or run.json"
-    found, refused, trainer, finished, session = folder_state(folder), False, None, None, None
+    found, finished = folder_state(folder), None
     try:
         folder, lock = claim_run_folder(None, folder, False, model_spec.name, "overwrite=True")
     except RunFolderError:
         if (told := _finished_read_only(folder, given, model_spec, label)) is not None:
             return _finished(folder, told, given["device"])
         raise
-    try:
+    with _RunGuard(lock, found) as guard:
         run = read_resumption(folder, given, model_spec, label)
         settings, state = run.settings, run.state
         if run.finished is not None:  # told from its checkpoint: nothing read, built or written
@@ -449,7 +423,7 @@ def _train_resumed(spec: str | Path | ModelSpec, spec_path: Path, model_spec: Mo
         else:
             plan, dev = run.plan, resumed_device(given["device"], run.spec, settings, folder, python=True)
         with restoring_tables() if state is not None else nullcontext():  # every table from the checkpoint
-            session = start_session(run.spec, spec_path, settings, folder, plan, dev, resumed=True)
+            session = guard.session = start_session(run.spec, spec_path, settings, folder, plan, dev, resumed=True)
         _warn_label_warnings(session)
         rows = sum(session.train.partition_rows())
         if state is not None and settings.get("train_rows") not in (None, rows):
@@ -457,8 +431,8 @@ def _train_resumed(spec: str | Path | ModelSpec, spec_path: Path, model_spec: Mo
             raise RunError(changed_data_line(settings, rows, folder, state, python=True))
         settings["train_rows"] = rows
         encoder = record_encoder(session, folder, True, None, _warn_line)
-        trainer = Trainer(session.spec, session.plan, session.model, train_config(settings, folder, progress),
-                          plan_json(session.plan))
+        trainer = guard.trainer = Trainer(session.spec, session.plan, session.model,
+                                          train_config(settings, folder, progress), plan_json(session.plan))
         if state is not None:
             trainer.load_state(state, folder / CHECKPOINT_NAME)
             state.clear()  # the model has its copy: release the checkpoint's (memory-mapped) tensors
@@ -471,21 +445,6 @@ def _train_resumed(spec: str | Path | ModelSpec, spec_path: Path, model_spec: Mo
         if finished is None:
             write_run_file(folder, settings, run.spec)
             result = trainer.fit(session.train, session.eval, hooks=hooks(trainer))
-    except RunError as exc:
-        refused = exc.code == EXIT_USAGE
-        raise _typed(exc) from None
-    except (DataError, RunFolderError, CheckpointError, MetricsError, TrainingStopped):  # `flowrec train`'s exit 2
-        refused = True
-        raise
-    except Exception as exc:  # a custom module's own error, as a new run's (`train`)
-        if trainer is not None:
-            _note_custom(exc, trainer)
-        raise
-    finally:
-        if session is not None:
-            session.close_data()
-        forget_kept_sample()
-        lock.release_as_found(found, refused)
     if finished is not None:
         return _finished(folder, finished, given["device"])
     if result.interrupted:
@@ -493,6 +452,47 @@ def _train_resumed(spec: str | Path | ModelSpec, spec_path: Path, model_spec: Mo
     _warn_small_catalogue(session.model)
     _warn_covered_classes(result.eval)
     return Run(session.spec, folder, result, Trained(session.spec, session.model, session.plan, encoder, result.steps))
+
+
+class _RunGuard:
+    """The error routing and clean-up around a run of `train` (new or resumed), as `flowrec train`
+    has them: a `RunError` re-raised as its documented type; a run refused (a usage error, or the
+    errors `flowrec train` exits 2 for) leaves no folder it made and an empty one empty (`lock`,
+    None without a run folder, released as `found`); a custom module's own error reaches the caller
+    as its own type with `flowrec train`'s line as a note (`trainer`, once there is one); the data
+    sources of `session` closed (reader threads, Dask cluster, row cache; check record saved) and the
+    kept sample forgotten, whatever happened."""
+
+    def __init__(self, lock: Any, found: Any) -> None:
+        self.lock, self.found = lock, found
+        self.trainer: Any = None
+        self.session: Any = None
+
+    def __enter__(self) -> "_RunGuard":
+        return self
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        from flowrec.data.layout import DataError
+        from flowrec.data.profile import forget_kept_sample
+        from flowrec.runs.errors import EXIT_USAGE, RunError
+        from flowrec.runtime.checkpoint.store import CheckpointError
+        from flowrec.runtime.nonfinite import TrainingStopped
+        from flowrec.runtime.run_log import MetricsError
+        from flowrec.runtime.rundir import RunFolderError
+
+        exit_two = (DataError, RunFolderError, CheckpointError, MetricsError, TrainingStopped)  # `flowrec train`'s
+        refused = isinstance(exc, exit_two) or (isinstance(exc, RunError) and exc.code == EXIT_USAGE)
+        try:
+            if isinstance(exc, Exception) and not isinstance(exc, (RunError, *exit_two)) and self.trainer is not None:
+                _note_custom(exc, self.trainer)  # where it stopped, whose code, what was kept
+        finally:
+            if self.session is not None:
+                self.session.close_data()
+            forget_kept_sample()  # a run that stopped before its hot set was chosen holds no sample
+            if self.lock is not None:
+                self.lock.release_as_found(self.found, refused)
+        if isinstance(exc, RunError):
+            raise _typed(exc) from None
 
 
 def _finished_read_only(folder: Path, given: dict[str, Any], spec: ModelSpec, label: str) -> str | None:
