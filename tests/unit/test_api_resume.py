@@ -20,6 +20,7 @@ from flowrec.cli import app
 from flowrec.runs.errors import RunError
 from flowrec.runtime.checkpoint.store import CheckpointError, load_checkpoint
 from flowrec.runtime.rundir import RunFolderError
+from flowrec.testing.folders import make_read_only
 
 
 def _spec(folder: Path, epochs: int = 2) -> Path:
@@ -285,27 +286,6 @@ def test_an_older_run_on_data_split_again_since_is_refused_in_python_as_on_the_c
     assert _files(run) == before
 
 
-def _read_only(run: Path, monkeypatch) -> None:
-    """Make the run folder read-only: its modes (real for a user); for root, whom modes do not stop,
-    the folder's lock and write check fail as a read-only mount makes them fail (as test_runs9)."""
-    import os
-
-    from flowrec.runtime.rundir import RunLock
-
-    for path in [run, *run.rglob("*")]:
-        path.chmod(path.stat().st_mode & ~0o222)
-    if os.geteuid() != 0:
-        return
-    access = os.access
-
-    def acquire(cls, folder, *a, **k):
-        raise RunFolderError(f"cannot lock run folder {folder}: Read-only file system")
-
-    monkeypatch.setattr(RunLock, "acquire", classmethod(acquire))
-    monkeypatch.setattr(os, "access", lambda p, mode, *a, **k: False if Path(p).absolute() == run.absolute()
-                        and mode & os.W_OK else access(p, mode, *a, **k))
-
-
 def test_a_finished_run_in_a_read_only_folder_is_said_finished_in_python(tmp_path: Path, monkeypatch) -> None:
     """`flowrec.train(spec, resume=RUN)` of a finished run in a folder it cannot write (an archived run,
     a read-only mount) raised 'cannot lock run folder RUN: Read-only file system', where `flowrec train
@@ -316,7 +296,7 @@ def test_a_finished_run_in_a_read_only_folder_is_said_finished_in_python(tmp_pat
     n = random.randint(2, 4)
     flowrec.train("t.yaml", out="run", max_steps=n, **_options())
     before = _files(tmp_path / "run")
-    _read_only(tmp_path / "run", monkeypatch)
+    make_read_only(tmp_path / "run", monkeypatch)
     try:
         with pytest.warns(UserWarning, match=rf"^run is finished: step {n}, .*max_steps={n}; nothing to train"):
             run = flowrec.train("t.yaml", resume="run")

@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flowrec.cli import app
+from flowrec.testing.folders import make_read_only
 
 runner = CliRunner()
 
@@ -172,27 +173,6 @@ def test_a_run_trained_on_two_ranks_resumed_on_two_is_said_finished_from_its_sha
     assert json.loads(ranks.stdout) == json.loads(one.stdout) and json.loads(one.stdout)["finished"] is True
 
 
-def _read_only(run: Path, monkeypatch) -> None:
-    """Make the run folder read-only: its modes (real for a user); for root, whom modes do not stop,
-    the folder's lock and write check fail as a read-only mount makes them fail."""
-    import os
-
-    from flowrec.runtime.rundir import RunFolderError, RunLock
-
-    for path in [run, *run.rglob("*")]:
-        path.chmod(path.stat().st_mode & ~0o222)
-    if os.geteuid() != 0:
-        return
-    access = os.access
-
-    def acquire(cls, folder, *a, **k):
-        raise RunFolderError(f"cannot lock run folder {folder}: Read-only file system")
-
-    monkeypatch.setattr(RunLock, "acquire", classmethod(acquire))
-    monkeypatch.setattr(os, "access", lambda p, mode, *a, **k: False if Path(p) == run and mode & os.W_OK
-                        else access(p, mode, *a, **k))
-
-
 def _contents(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
@@ -208,7 +188,7 @@ def test_a_finished_run_in_a_read_only_folder_is_said_finished(tmp_path: Path, m
     writable = _resume(spec, run)
     assert writable.exit_code == 0 and "is finished" in _last_line(writable), writable.output
     before = _contents(run)
-    _read_only(run, monkeypatch)
+    make_read_only(run, monkeypatch)
     try:
         told = _resume(spec, run)
         further = _resume(spec, run, "--epochs", "9")
