@@ -96,6 +96,8 @@ TIMEOUT_S = 900  # the whole measurement
 OTHER_BUDGETS = (None, "16MiB")  # budgets tried, in order, for a second layout (None: the default budget)
 ALTERNATIONS = 2  # blocks of each layout's sharded steps, in turn (A, B, A, B), where a second layout is stepped
 MORE_BLOCKS = 4  # blocks of sharded steps at most, while their slowest rank of each step has too few clean rounds
+SHARDED_SECONDS = 2.0  # timed seconds of a layout's sharded steps at least, each time it is stepped (the slowest
+SHARDED_BLOCKS = 16  # rank of each step, summed): more blocks while fewer, up to these many (`sharded_limit`)
 CALL_BYTES = 2**14  # bytes per rank of the collective timed after each step (the calibration's smallest)
 JOB_FILE = "flowrec-concurrent-{port}.json"  # in the temporary folder: what the processes run
 
@@ -281,27 +283,55 @@ def other_layout(spec: Any, profile: str, world_size: int, device_budget: str | 
     return None
 
 
-def more_sharded_steps(ranks: list[list[list[float]]], steps: int) -> bool:
-    """Whether the ranks step another block of `steps` sharded steps, given every rank's rounds so
-    far (`[wall ms, foreign wait ms]` each): while the slowest rank of each step has fewer than
-    `robust.MIN_CLEAN` clean rounds (a busy machine: the timing rule would otherwise take each
-    round less its wait, which for ranks that wait for each other in every call is not what a
-    run's step shows), up to MORE_BLOCKS blocks, as calibration's other step timings go on
-    (`flowrec.measure.step.timed_steps`). Every rank decides on the same gathered rounds.
+def sharded_limit(steps: int, live_ms: float) -> int:
+    """Sharded steps one layout's block may take at most, in blocks of `steps`: MORE_BLOCKS blocks,
+    or, for a spec whose one-process step (`live_ms`, the ranks' live phase) is short, as many as
+    SHARDED_SECONDS of such steps, up to SHARDED_BLOCKS blocks. A sharded step is no shorter than
+    the one-process step, so that many are always enough to reach SHARDED_SECONDS.
 
     Example:
-        >>> busy, quiet = [[[10.0, 5.0]] * 8] * 2, [[[10.0, 0.0]] * 8] * 2
+        >>> sharded_limit(20, 3.4), sharded_limit(20, 10.0), sharded_limit(20, 60.0)
+        (320, 200, 80)
+    """
+    wanted = -(-math.ceil(SHARDED_SECONDS * 1e3 / max(live_ms, 1e-3)) // steps) * steps
+    return max(MORE_BLOCKS * steps, min(SHARDED_BLOCKS * steps, wanted))
+
+
+def more_sharded_steps(ranks: list[list[list[float]]], steps: int, limit: int | None = None) -> bool:
+    """Whether the ranks step another block of `steps` sharded steps, given every rank's rounds so
+    far (`[wall ms, foreign wait ms]` each), up to `limit` steps (default MORE_BLOCKS blocks):
+    while the slowest rank of each step has fewer than `robust.MIN_CLEAN` clean rounds (a busy
+    machine: the timing rule would otherwise take each round less its wait, which for ranks that
+    wait for each other in every call is not what a run's step shows), as calibration's other
+    step timings go on (`flowrec.measure.step.timed_steps`), and while they have taken less than
+    SHARDED_SECONDS. A short step's sharded steps spread by half their median from one step to
+    the next (movielens with 2 ranks: 5-22 ms around 10): 40 steps a layout, 13 of them clean,
+    priced its exchange 0.12-0.15 above the runs' steps (Round 59). Every rank decides on the
+    same gathered rounds.
+
+    Example:
+        >>> busy, quiet = [[[10.0, 5.0]] * 8] * 2, [[[300.0, 0.0]] * 8] * 2
         >>> more_sharded_steps(busy, 8), more_sharded_steps(quiet, 8), more_sharded_steps([[[10.0, 5.0]] * 32] * 2, 8)
+        (True, False, False)
+        >>> short, timed = [[[10.0, 0.0]] * 8] * 2, [[[10.0, 0.0]] * 200] * 2
+        >>> more_sharded_steps(short, 8), more_sharded_steps(short, 8, 8), more_sharded_steps(timed, 8, 400)
         (True, False, False)
     """
     from flowrec.measure import robust
 
+    limit = MORE_BLOCKS * steps if limit is None else limit
     done = min(len(r) for r in ranks)
-    return done < MORE_BLOCKS * steps and slowest_per_step_ms(ranks)[1] < robust.MIN_CLEAN
+    if done >= limit:
+        return False
+    if slowest_per_step_ms(ranks)[1] < robust.MIN_CLEAN:
+        return True
+    timed_ms = sum(max(r[i][0] for r in ranks) for i in range(done))
+    return timed_ms < SHARDED_SECONDS * 1e3
 
 
 def sharded_steps(spec: Any, profile: str, world_size: int, rank: int, steps: int,
-                  ready: Callable[[], None], device_budget: str | None = None) -> list[list[float]]:
+                  ready: Callable[[], None], device_budget: str | None = None,
+                  limit: int | None = None) -> list[list[float]]:
     """This rank's `[wall ms, foreign wait ms]` of `steps` steps of the world-size plan of `spec`
     (at its global batch, planned against `profile` under `device_budget` for `world_size` ranks,
     as the runs plan it: sharded tables, DDP
@@ -309,7 +339,8 @@ def sharded_steps(spec: Any, profile: str, world_size: int, rank: int, steps: in
     steps (`train_step` with its `DenseParallel`) on its slice of the global batches fed live by
     the trainer's batch pipeline over synthetic rows, timed as `tools/bench_costmodel.py` times a
     run's step (`robust.SchedClock`, the data threads the run's own), more blocks of `steps` while
-    too few rounds are clean (`more_sharded_steps`). The process group is initialized (gloo);
+    too few rounds are clean or too few seconds timed, up to `limit` steps (`more_sharded_steps`;
+    default MORE_BLOCKS blocks). The process group is initialized (gloo);
     `ready` is called once everything is set up (the ranks meet there).
 
     Raises:
@@ -341,7 +372,8 @@ def sharded_steps(spec: Any, profile: str, world_size: int, rank: int, steps: in
     device = torch.device("cpu")
     plan = make_plan(spec, target=profile, world_size=world_size, device_budget=device_budget)
     world = World(world_size, rank, embedding_group(GROUP_TIMEOUT_S), GROUP_TIMEOUT_S, device)
-    total = WARMUP_STEPS + MORE_BLOCKS * steps
+    limit = MORE_BLOCKS * steps if limit is None else limit
+    total = WARMUP_STEPS + limit
     with tempfile.TemporaryDirectory(prefix="flowrec-concurrent-") as tmp:
         data = Path(tmp) / "data"
         synth_dataset(spec, data, spec.training.batch_size * (total + 1))
@@ -375,7 +407,7 @@ def sharded_steps(spec: Any, profile: str, world_size: int, rank: int, steps: in
                     out += [step(next(batches)) for _ in range(steps)]
                     gathered: list[Any] = [None] * world_size
                     dist.all_gather_object(gathered, out)  # outside the timing: every rank decides alike
-                    if not more_sharded_steps(gathered, steps):
+                    if not more_sharded_steps(gathered, steps, limit):
                         break
         finally:
             model.close()
@@ -639,7 +671,8 @@ def worker(rank: int, world_size: int, port: int) -> list[dict[str, float]] | No
                 "values_per_batch": _values(_staged(spec, plan, 1)[0])}
         if not any(t.managed is not None for t in full.tables):
             def layout(budget: str | None, steps: int) -> Callable[[], list[list[float]]]:
-                return lambda: sharded_steps(full, job["profile"], world_size, rank, steps, dist.barrier, budget)
+                return lambda: sharded_steps(full, job["profile"], world_size, rank, steps, dist.barrier, budget,
+                                             sharded_limit(steps, mine["live_ms"]))
 
             if job.get("other"):  # a second layout of other call counts (`other_layout`), in turn with the first
                 steps = max(1, -(-int(job["steps"]) // ALTERNATIONS))  # as many steps in all

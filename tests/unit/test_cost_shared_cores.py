@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from flowrec.measure.concurrent import STEPS_RANGE, measure_ranks, phase_steps, rank_constants
+from flowrec.measure.concurrent import SHARDED_BLOCKS, STEPS_RANGE, measure_ranks, phase_steps, rank_constants
 from flowrec.planner import exchange
 from flowrec.planner.calibration import ProfileError, profile_document, profile_fields
 from flowrec.planner.cost import DEVICES, device_profile, shared_cores
@@ -101,7 +101,8 @@ def test_two_processes_step_the_spec_at_once(repo, tmp_path: Path):
         assert len(r["live_steps_ms"]) == 3 and len(r["live_meets_us"]) == 3  # every live step, gathered
         assert all(0 < wall < 60e3 and 0 <= waited <= wall for wall, waited in r["live_steps_ms"])
         # the world-size plan's real step with its collectives, every step gathered
-        assert len(r["sharded_steps_ms"]) in (3, 6, 9, 12)  # blocks of 3 while too few are clean
+        # blocks of 3 while too few are clean or too few seconds are timed, at most SHARDED_BLOCKS
+        assert len(r["sharded_steps_ms"]) % 3 == 0 and 3 <= len(r["sharded_steps_ms"]) <= SHARDED_BLOCKS * 3
         assert len(r["sharded_steps_ms"]) == len(results[0]["sharded_steps_ms"])  # every rank as many
         assert all(0 < wall < 60e3 and 0 <= waited <= wall for wall, waited in r["sharded_steps_ms"])
     details = rank_constants(results, 1.0, 100.0)[3]
@@ -262,8 +263,8 @@ def test_the_ranks_step_more_blocks_while_the_slowest_of_each_step_has_too_few_c
     rng = random.Random()
     steps = rng.randrange(10, 40)
 
-    def rounds(clean: int, n: int) -> list[list[float]]:
-        out = [[rng.uniform(8.0, 14.0), rng.uniform(3.0, 6.0)] for _ in range(n)]
+    def rounds(clean: int, n: int) -> list[list[float]]:  # steps long enough that one block passes SHARDED_SECONDS
+        out = [[rng.uniform(200.0, 300.0), rng.uniform(30.0, 60.0)] for _ in range(n)]
         for i in rng.sample(range(n), clean):
             out[i][1] = 0.0
         return out
@@ -276,3 +277,33 @@ def test_the_ranks_step_more_blocks_while_the_slowest_of_each_step_has_too_few_c
     slowest_clean = sum(max(a, b, key=lambda wq: wq[0])[1] == 0.0 for a, b in zip(*few))
     assert more_sharded_steps(few, steps) == (slowest_clean < robust.MIN_CLEAN)
     assert not more_sharded_steps([rounds(0, MORE_BLOCKS * steps)] * 2, steps)  # at most MORE_BLOCKS blocks
+
+
+def test_a_short_steps_sharded_steps_go_on_until_they_have_taken_sharded_seconds():
+    """Round 59: movielens's 2-rank steps spread 5-22 ms around 10 and 40 of them priced its
+    exchange 0.12-0.15 high; a layout now steps blocks until its slowest rank of each step has
+    taken SHARDED_SECONDS (clean rounds or not), up to `sharded_limit` steps, sized so that steps
+    no shorter than the one-process step reach it."""
+    from flowrec.measure.concurrent import (MORE_BLOCKS, SHARDED_BLOCKS, SHARDED_SECONDS, more_sharded_steps,
+                                            sharded_limit)
+
+    rng = random.Random()
+    steps = rng.randrange(10, 40)
+    step_ms = rng.uniform(3.0, 20.0)
+    limit = sharded_limit(steps, step_ms)
+    assert limit % steps == 0 and MORE_BLOCKS * steps <= limit <= SHARDED_BLOCKS * steps
+    assert limit * step_ms >= SHARDED_SECONDS * 1e3 or limit == SHARDED_BLOCKS * steps
+    taken = 0
+    ranks: list[list[list[float]]] = [[], []]
+    while True:  # as `sharded_steps` goes on, block by block, every step clean
+        for r in ranks:
+            r += [[rng.uniform(0.5, 1.5) * step_ms, 0.0] for _ in range(steps)]
+        taken += steps
+        if not more_sharded_steps(ranks, steps, limit):
+            break
+    slowest = sum(max(a[0], b[0]) for a, b in zip(*ranks))
+    assert taken <= limit
+    assert slowest >= SHARDED_SECONDS * 1e3 or taken == limit  # stopped at the seconds or at the limit
+    assert slowest - max(max(a[0], b[0]) for a, b in zip(*(r[-steps:] for r in ranks))) * steps < SHARDED_SECONDS * 1e3
+    long = [[[SHARDED_SECONDS * 1e3 / steps + 1.0, 0.0]] * steps] * 2  # one block passes the seconds: no more
+    assert not more_sharded_steps(long, steps, limit)
