@@ -3,7 +3,8 @@ pages included) and README.md is under the repository's 1 MB file limit, and eve
 them points at a file that exists and, for an #anchor into one of our .md pages, at a heading of that
 page (GitHub's anchors: the heading's text lowercased, punctuation dropped, spaces to '-', a
 repeated heading numbered -1, -2, ...). docs/benchmarks.md grows ~10-20 KB a round towards the
-limit; a link left pointing at a page or heading that moved fails here."""
+limit: its older rounds move to archive pages in docs/benchmarks/, and a link left pointing at a
+page or heading that moved fails here."""
 from __future__ import annotations
 
 import re
@@ -120,6 +121,19 @@ def test_every_relative_link_of_the_docs_and_readme_leads_somewhere(repo: Path) 
     assert sum(len(links(p.read_text(encoding="utf-8"))) for p in checked) > 10  # the links are read
     broken = [line for page in checked for line in broken_links(page, repo)]
     assert broken == [], "\n".join(broken)
+
+
+def test_the_benchmark_archive_pages_are_linked_from_the_entry_page(repo: Path) -> None:
+    """Every archive page of docs/benchmarks/ is in the entry page's list and links back to it."""
+    entry = repo / "docs" / "benchmarks.md"
+    archive = sorted((repo / "docs" / "benchmarks").glob("*.md"))
+    assert archive, "docs/benchmarks/ holds no archive page"
+    targets = [target.partition("#")[0] for _, target in links(entry.read_text(encoding="utf-8"))]
+    listed = {(entry.parent / target).resolve() for target in targets}
+    for page in archive:
+        assert page.resolve() in listed, f"docs/benchmarks.md does not link {page.name}"
+        first = page.read_text(encoding="utf-8").splitlines()[0]
+        assert "](../benchmarks.md)" in first, f"{page.name}'s first line does not link back: {first}"
 
 
 @pytest.mark.parametrize(("heading", "anchor"), [
