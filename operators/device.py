@@ -409,7 +409,8 @@ def bf16_native(device: torch.device) -> bool:
     """Whether bf16 matrix products run in hardware on `device`: a CUDA device that supports bf16,
     or a CPU where oneDNN has bf16 kernels (AVX-512 BF16, AMX or AVX-512 core, as oneDNN itself
     decides). Elsewhere (an AVX2-only CPU) autocast's bf16 GEMMs fall back to oneDNN's reference
-    kernels: the DLRM step measured 24x slower than fp32 on such a CPU (docs/benchmarks.md).
+    kernels: the DLRM step measured 24x slower than fp32 on such a CPU (Round 6 in
+    docs/benchmarks/training-rounds-3-10.md).
     True when it cannot tell (an older torch without the probe): never a false alarm."""
     if device.type == "cuda":
         return bool(torch.cuda.is_bf16_supported())

@@ -2,7 +2,8 @@
 
 Where oneDNN has no bf16 kernels (an AVX2-only CPU: `operators.device.bf16_native` is False),
 torch's bf16 `mm`, `bmm`, `addmm` and `linear` fall back to oneDNN's reference kernels: the DLRM
-step took 3.3 s in bf16 against 122 ms in fp32 on an AVX2 EPYC (docs/benchmarks.md, Round 6).
+step took 3.3 s in bf16 against 122 ms in fp32 on an AVX2 EPYC (Round 6 in
+docs/benchmarks/training-rounds-3-10.md).
 Those kernels widen each bf16 operand to fp32, accumulate in fp32 and round the result to bf16
 once. This module runs that arithmetic through the fp32 kernels: every operand rounded to bf16 (as
 autocast casts it) and widened to fp32 (exact), the fp32 product, the result rounded to bf16. The

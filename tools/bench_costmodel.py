@@ -8,8 +8,8 @@ the planner samples that data for its access model): by default enough rows that
 batch twice (`synth_rows`), as on a dataset larger than the run, which is what calibration prices
 (its live steps stream one pass of Parquet); `--cycled` trains SYNTH_ROWS rows over and over
 instead, where later epochs come from the trainer's row cache with no Parquet read or decode and
-no managed id new: the runs' steps there were 0.77-0.93 of the priced ones (docs/benchmarks.md,
-cost model, Rounds 19-20)) and compares the plan's prediction (`plan.json` of the run) with the measurement. Step time:
+no managed id new: the runs' steps there were 0.77-0.93 of the priced ones (the cost model's
+Rounds 19-20 in docs/benchmarks/costmodel-rounds-4-25.md)) and compares the plan's prediction (`plan.json` of the run) with the measurement. Step time:
 the predicted step (`cost.step_ms_overlap`; on the CPU staging + compute, since the data threads
 run on the trainer's cores: their time shows up in the trainer's compute seconds, while it waits
 for batches for almost nothing) against the compute seconds of the steps after WARMUP_STEPS

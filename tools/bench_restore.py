@@ -15,9 +15,9 @@ Trains SPEC for one step on synthetic rows into a temporary run folder, then alt
 variants `--rounds` times (after a warm-up load that is not counted). For each: the seconds to a
 loaded model. (Memory is not compared here: in one process the allocator reuses what the rounds
 before freed. `/usr/bin/time -v flowrec eval RUN --data D` shows the peak of each in a process of
-its own: docs/benchmarks.md Round 46.) Every variant must give the same model state (bitwise)
-and, for eval, the same scores on fresh synthetic rows: the benchmark stops with an error
-otherwise. Figures are medians over the rounds; `ratios` are before / now from the same run.
+its own: Round 46 in docs/benchmarks/training-rounds-40-49.md.) Every variant must give the same
+model state (bitwise) and, for eval, the same scores on fresh synthetic rows: the benchmark stops
+with an error otherwise. Figures are medians over the rounds; `ratios` are before / now from the same run.
 
 Usage: python tools/bench_restore.py [--quick] [--spec S] [--rounds R] [--json PATH]
 """

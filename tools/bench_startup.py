@@ -11,8 +11,9 @@ cuts of Round 45, side by side in one process.
           group) and the budget's hot set, which the planner never reads; each part is read, then
           counted (its packed ids, numpy's bincount over every row of the group); the tables are
           drawn one after another. (Both take a table's sampled counts from one unique of its
-          group's ids: the mask per table it replaced is not kept here; docs/benchmarks.md
-          Round 45 times it from the command line against the commit before.)
+          group's ids: the mask per table it replaced is not kept here; Round 45 in
+          docs/benchmarks/training-rounds-40-49.md times it from the command line against the
+          commit before.)
 
 Generates a spec's rows with flowrec's synth into a temp dir, then starts `flowrec.train` on them
 for one step (`max_steps=1`, the CPU), alternating the two variants `--rounds` times in this

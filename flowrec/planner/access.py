@@ -37,7 +37,8 @@ BIN_RATIO = 1.5  # geometric growth of the rank bins beyond EXACT_RANKS
 BEYOND_HORIZON_SAVED = 0.5  # of the fetches a scratchpad's slots past its horizon would save if it
 # ranked rows by their reads in the epoch (it ranks by reads since their fetch). Fitted on the
 # runtime's policy over synthetic epochs: 0 (the horizon only) priced +2 % to +16 %, 1 -4 % to -10 %
-# (two_task, din_taobao, tests/unit/test_access_epoch.py's data); see docs/benchmarks.md, Round 23
+# (two_task, din_taobao, tests/unit/test_access_epoch.py's data); see Round 23 in
+# docs/benchmarks/costmodel-rounds-4-25.md
 
 
 @dataclass(frozen=True)
