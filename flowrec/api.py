@@ -470,9 +470,7 @@ def _ranks_interrupted_line(launch: Any, spec: str | Path, folder: Path, nproc: 
     from flowrec.runtime.signals import interrupt_name
 
     how = interrupt_name(launch.interrupt)
-    if launch.note is None:  # rank 0 had not begun training (or was killed before it said)
-        if (step := _checkpoint_step(folder)) is not None and not resumed:
-            return _interrupted_line(step, spec, folder, nproc)
+    if launch.note is None:  # rank 0 had not begun training: the folder is as it was
         kept = f"; the run is as it was: {_resume_command(spec, folder, nproc)} continues it" if resumed else ""
         return f"training on {nproc} ranks interrupted ({how}) before training started; nothing was trained{kept}"
     if launch.note or launch.status == 0:  # the run ended whole before the interrupt reached its ranks

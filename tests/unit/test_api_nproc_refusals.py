@@ -183,13 +183,17 @@ def test_a_failed_launch_is_one_line_with_the_ranks_lines_kept() -> None:
     assert killed.code == 137
 
 
-def test_an_interrupted_launch_says_what_was_kept_and_the_call_that_continues_it(tmp_path: Path) -> None:
+def test_an_interrupted_launch_says_what_was_kept_and_the_call_that_continues_it(tmp_path: Path,
+                                                                                finished_run: Path) -> None:
     from flowrec.api import _ranks_interrupted_line
 
     folder = tmp_path / "r"
     folder.mkdir()
     before = Launch(130, note=None, interrupt=KeyboardInterrupt())
     assert _ranks_interrupted_line(before, "s.yaml", folder, 2, False) == (
+        "training on 2 ranks interrupted (Ctrl-C) before training started; nothing was trained")
+    # overwrite=True of a run: its checkpoint is the earlier run's, not a step this launch trained
+    assert _ranks_interrupted_line(before, "s.yaml", finished_run / "done", 2, False) == (
         "training on 2 ranks interrupted (Ctrl-C) before training started; nothing was trained")
     assert _ranks_interrupted_line(before, "s.yaml", folder, 2, True) == (
         "training on 2 ranks interrupted (Ctrl-C) before training started; nothing was trained; the run is as it "
