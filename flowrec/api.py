@@ -198,7 +198,7 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
           max_steps: int | None = None, eval_every: int | None = None, checkpoint_every: int = 0,
           device: str = "auto", device_budget: str | None = None, rows: int = DEFAULT_ROWS, seed: int | None = None,
           cache_data: str | None = None, progress: bool = False, on_step: Callback | None = None, on_eval: Callback | None = None,
-          on_checkpoint: Callback | None = None) -> Run:
+          on_checkpoint: Callback | None = None, nproc: int = 1, max_restarts: int = 0) -> Run:
     """Train a spec end to end, as `flowrec train` does, and return the run.
 
     Args:
@@ -230,6 +230,16 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
         on_step: called with a `StepEvent` after every step.
         on_eval: called with an `EvalEvent` after every evaluation.
         on_checkpoint: called with a `CheckpointEvent` after every checkpoint.
+        nproc: train on N local processes (ranks), as `flowrec train SPEC --nproc N` does (the same
+            ranks, so the same checkpoint, bitwise): torch.distributed's launcher starts them, this
+            call waits for them and returns the run as `flowrec.load(out)` gives it. With N > 1 the
+            ranks write the run folder, so `out=` (or `resume=`) must name it, the spec must be a
+            file (each rank reads it), and callbacks are refused (they cannot run inside the ranks);
+            `progress=True` shows the ranks' output (bar and lines) on stderr. The checks of
+            options, spec, data and folder are made here, before any rank starts; `resume=RUN,
+            nproc=N` continues a run on N ranks as `flowrec train SPEC --resume RUN --nproc N` does.
+        max_restarts: with nproc > 1: restart every rank up to this many times after a failure, as
+            `--max-restarts`; the run continues from its last checkpoint.
 
     Raises:
         flowrec.spec.errors.SpecError: the spec is not valid (every problem listed).
@@ -241,9 +251,11 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
         KeyboardInterrupt: Ctrl-C, SIGTERM or SIGHUP stopped training; its checkpoint is saved in `out`
             (the message says how to load and continue it: `flowrec.train(SPEC, resume=OUT)`).
         flowrec.runs.errors.RunError: an argument of the wrong kind or out of range (epochs=0, seed=-1,
-            a callback that is not callable), or the device, the plan or the memory of this machine
+            a callback that is not callable, nproc=0), or the device, the plan or the memory of this machine
             cannot run it; `resume` with `overwrite` or another `out`, or with a spec, seed or plan option
-            other than the run's.
+            other than the run's; with nproc > 1, no `out`, a `ModelSpec` or a callback.
+        flowrec.runs.launch.RanksFailed: a rank of nproc > 1 failed (a `RunError`: the rank's error
+            line, its last output lines in `lines` and as a note).
     """
     from flowrec.graph.plan_io import plan_json
     from flowrec.runs.errors import RunError
@@ -260,6 +272,8 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
     _check_arguments(spec=spec, data=data, eval_data=eval_data, out=out, resume=resume, on_step=on_step,
                      on_eval=on_eval, on_checkpoint=on_checkpoint, overwrite=overwrite, progress=progress, device=device,
                      device_budget=device_budget)
+    nproc = _ranks_asked(spec, out, resume, _whole(nproc), _whole(max_restarts),
+                         on_step=on_step, on_eval=on_eval, on_checkpoint=on_checkpoint)
     continued = _resumed_folder(resume, out, overwrite)
     if isinstance(spec, ModelSpec):
         _check_model_spec(spec)
@@ -278,6 +292,9 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
         problem = given_problem(key, value)
         if problem is not None:
             raise RunError(f"{key} {problem}")
+    if nproc > 1:
+        return _train_on_ranks(spec, model_spec, folder, continued, overwrite, given, progress, nproc,
+                              _whole(max_restarts))
     if continued is not None:
         return _train_resumed(spec, spec_path, model_spec, continued, given, progress,
                               lambda trainer: _hooks(trainer, on_step, on_eval, on_checkpoint))
@@ -311,6 +328,180 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
     return Run(session.spec, folder, result, Trained(session.spec, session.model, session.plan, encoder, result.steps))
 
 
+def _ranks_asked(spec: Any, out: Any, resume: Any, nproc: Any, max_restarts: Any, **callbacks: Any) -> int:
+    """`nproc` checked (a `RunError`, one line, before anything is read): a whole number, 1 or more;
+    `max_restarts` a whole number, 0 or more, given only with ranks. With more than one rank the run
+    folder is named (`out=` or `resume=`: every rank writes it), the spec is a file (every rank reads
+    it) and no callback is given (it could not run inside the ranks)."""
+    from flowrec.runs.errors import RunError
+
+    if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
+        raise RunError(f"nproc must be a whole number of ranks, 1 or more, not {_shown(nproc)}")
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise RunError(f"max_restarts must be a whole number, 0 or more, not {_shown(max_restarts)}")
+    if max_restarts and nproc == 1:
+        raise RunError(f"max_restarts={max_restarts} restarts the ranks of nproc=N after a failure: give nproc=2 or "
+                       "more, or leave max_restarts out")
+    if nproc == 1:
+        return nproc
+    if given := [name for name, callback in callbacks.items() if callback is not None]:
+        raise RunError(f"{', '.join(given)} cannot follow a run on nproc={nproc} ranks: the ranks train in processes "
+                       f"of their own, where no callback of this one runs; leave {'it' if len(given) == 1 else 'them'} "
+                       "out (the returned run's history holds every step and evaluation), or train with nproc=1")
+    if isinstance(spec, ModelSpec):
+        raise RunError(f"nproc={nproc} starts ranks that each read the spec from its file, and a ModelSpec has none: "
+                       "write the spec to a YAML or JSON file and give its path")
+    if out is None and resume is None:
+        raise RunError(f"nproc={nproc} trains in a run folder that every rank writes, and out=None keeps none: give "
+                       "out='runs/NAME' (flowrec.load(out) then scores it)")
+    return nproc
+
+
+RANK_FLAGS = {"data": "--data", "eval_data": "--eval-data", "epochs": "--epochs", "max_steps": "--max-steps",
+              "eval_every": "--eval-every", "checkpoint_every": "--checkpoint-every", "device": "--device",
+              "device_budget": "--device-budget", "rows": "--rows", "seed": "--seed",
+              "cache_data": "--cache-data"}  # train()'s options as `flowrec train` names them for its ranks
+
+
+def _train_on_ranks(spec: str | Path, model_spec: ModelSpec, folder: Path | None, continued: Path | None,
+                    overwrite: bool, given: dict[str, Any], progress: bool, nproc: int, max_restarts: int) -> Run:
+    """`train(..., nproc=N)`: the ranks of `flowrec train SPEC --nproc N` (the same processes, so the
+    same run), after the checks of a launch and of the run folder in Python's words, before any rank
+    starts. Their `warning:` lines become UserWarnings; a rank's failure is one `RanksFailed`; an
+    interrupt stops every rank (they checkpoint) and is raised again, saying how to continue."""
+    import sys
+    import warnings
+
+    from flowrec.runs.errors import RunError
+    from flowrec.runs.folder import claim_run_folder
+    from flowrec.runs.launch import (RanksFailed, check_ranks_cache, check_ranks_data, check_ranks_fit,
+                                     check_ranks_have_gpus, run_launch)
+    from flowrec.runtime.rundir import folder_state
+
+    if continued is not None:
+        given = _given_again(given)
+    try:
+        check_ranks_have_gpus(model_spec, given["device"], nproc, python=True)
+        check_ranks_fit(nproc, python=True)
+        if continued is None:
+            check_ranks_cache(model_spec, None, nproc, python=True)
+        check_ranks_data(model_spec, given)
+    except RunError as exc:
+        raise _typed(exc) from None
+    bound = model_spec.data is not None and model_spec.data.bound
+    if continued is not None:
+        folder = continued
+        finished, data = _ranks_resumption(spec, model_spec, folder, given)
+        if finished is not None:
+            return _finished(folder, finished, given["device"])
+    else:  # refused here as one process refuses it (a run there without overwrite=True, a foreign folder)
+        found = folder_state(folder)
+        claim_run_folder(folder, None, overwrite, model_spec.name, "overwrite=True",
+                         _resume_command(spec, folder, nproc))[1].release_as_found(found)
+        data = given["data"]
+        _warn_rows_ignored(given["rows"], {"data": data}, model_spec, stacklevel=4)
+    args = _rank_args(spec, folder, continued is not None, overwrite, given, progress, bool(data or bound))
+    launch = run_launch(nproc, max_restarts, args, sys.stderr.write if progress else None)
+    for line in launch.warnings:
+        warnings.warn(line, UserWarning, stacklevel=3)
+    if launch.interrupt is not None:
+        raise KeyboardInterrupt(_ranks_interrupted_line(launch, spec, folder, nproc, continued is not None))
+    if launch.status != 0:
+        raise RanksFailed(nproc, launch.status, launch.lines)
+    return load(folder, given["device"] or "auto")
+
+
+def _ranks_resumption(spec: str | Path, model_spec: ModelSpec, folder: Path,
+                      given: dict[str, Any]) -> tuple[str | None, str | None]:
+    """The run in `folder` checked to go on, as `train(spec, resume=folder)` checks it in one process
+    (`flowrec.runs.resume`, in Python's words; the folder left as it was): (its finished line, None
+    where it is not finished; the data it trains on, None for synthetic rows or the spec's binding)."""
+    from flowrec.runs.folder import claim_run_folder
+    from flowrec.runs.resume import finished_line, read_resumption, stream_folder_problem
+    from flowrec.runtime.messages import shell_word
+    from flowrec.runtime.rundir import RunFolderError, folder_state
+
+    label = str(spec)
+    if (problem := stream_folder_problem(folder, shell_word(label))):
+        raise RunFolderError(problem)
+    found = folder_state(folder)
+    try:
+        folder, lock = claim_run_folder(None, folder, False, model_spec.name, "overwrite=True")
+    except RunFolderError:
+        if (told := _finished_read_only(folder, given, model_spec, label)) is not None:
+            return told, None
+        raise
+    with _RunGuard(lock, found):
+        run = read_resumption(folder, given, model_spec, label)
+        if run.finished is not None:
+            return finished_line(folder, run.finished.position, run.finished.epochs, run.settings,
+                                 run.finished.stopper, python=True), None
+        if given["rows"] is not None:
+            _warn_rows_ignored(given["rows"], run.settings, run.spec, stacklevel=5)
+            _warn_other_synthetic_rows(given["rows"], folder, run.settings, run.spec,
+                                       (run.recorded or {}).get("rows"), stacklevel=5)
+    return None, run.settings["data"]
+
+
+def _rank_args(spec: str | Path, folder: Path, resumed: bool, overwrite: bool, given: dict[str, Any],
+               progress: bool, on_data: bool) -> list[str]:
+    """The `flowrec train` arguments of the ranks of `train(...)`'s call: the options it was given
+    (one at its default left out, as the command line leaves it; `rows` too where the run trains on
+    data), `-q` without `progress`.
+
+    >>> _rank_args("-s.yaml", Path("runs/a"), False, True, {"rows": 100, "seed": 3}, False, True)
+    ['./-s.yaml', '--out=runs/a', '--overwrite', '--seed=3', '-q']
+    """
+    word = str(Path(spec).expanduser())
+    args = ["./" + word if word.startswith("-") else word, f"{'--resume' if resumed else '--out'}={folder}"]
+    args += ["--overwrite"] if overwrite else []
+    defaults = {"rows": DEFAULT_ROWS, "device": "auto", "checkpoint_every": 0}
+    for key, flag in RANK_FLAGS.items():
+        value = given.get(key)
+        if value is None or (key in defaults and value == defaults[key]) or (key == "rows" and on_data):
+            continue
+        args.append(f"{flag}={value}")
+    return args + ([] if progress else ["-q"])
+
+
+def _ranks_interrupted_line(launch: Any, spec: str | Path, folder: Path, nproc: int, resumed: bool) -> str:
+    """What a `KeyboardInterrupt` out of `train(..., nproc=N)` says: where the ranks stopped, what was
+    kept and how to go on (rank 0's note tells whether training had started, or ended whole)."""
+    from flowrec.runtime.signals import interrupt_name
+
+    how = interrupt_name(launch.interrupt)
+    if launch.note is None:  # rank 0 had not begun training: the folder is as it was
+        kept = f"; the run is as it was: {_resume_command(spec, folder, nproc)} continues it" if resumed else ""
+        return f"training on {nproc} ranks interrupted ({how}) before training started; nothing was trained{kept}"
+    if launch.note or launch.status == 0:  # the run ended whole before the interrupt reached its ranks
+        return (f"interrupted ({how}) after the run finished: {folder} holds all of it; "
+                f"flowrec.load({str(folder)!r}) scores it")
+    step = _checkpoint_step(folder)
+    if step is None:
+        return (f"training on {nproc} ranks interrupted ({how}) before its first checkpoint: "
+                f"{_resume_command(spec, folder, nproc)} starts it again")
+    return _interrupted_line(step, spec, folder, nproc)
+
+
+def _checkpoint_step(folder: Path) -> int | None:
+    """The step of the checkpoint in `folder`, None where there is none (or it cannot be read)."""
+    from flowrec.runtime.checkpoint.store import CHECKPOINT_NAME, CheckpointError, load_checkpoint
+
+    if not (folder / CHECKPOINT_NAME).is_file():
+        return None
+    try:
+        step = load_checkpoint(folder / CHECKPOINT_NAME, mmap=True, lazy_shards=True)["position"]["step"]
+    except (CheckpointError, OSError, KeyError, TypeError):
+        return None
+    return step if isinstance(step, int) else None
+
+
+def _given_again(given: dict[str, Any]) -> dict[str, Any]:
+    """The options of a resume as given: one left at its default is None (the run keeps its own)."""
+    defaults = {"rows": DEFAULT_ROWS, "device": "auto", "checkpoint_every": 0}
+    return {key: None if key in defaults and value == defaults[key] else value for key, value in given.items()}
+
+
 def _warn_rows_ignored(rows: int, settings: dict[str, Any], spec: ModelSpec, stacklevel: int = 3) -> None:
     """A UserWarning where `rows` (given, not the default) is ignored: the run trains on data (`data=`,
     recorded or given, or the spec's binding), every row of it, as `flowrec train --rows N` says."""
@@ -323,7 +514,7 @@ def _warn_rows_ignored(rows: int, settings: dict[str, Any], spec: ModelSpec, sta
 
 
 def _warn_other_synthetic_rows(rows: int, folder: Path, settings: dict[str, Any], spec: ModelSpec,
-                               recorded: int | None) -> None:
+                               recorded: int | None, stacklevel: int = 4) -> None:
     """A UserWarning where `rows=` given to the resume of a run on synthetic rows differs from the
     rows it was started with (`recorded`, its run.json's): it goes on from its checkpoint's place in
     other rows (`flowrec train --resume RUN --rows N` says so in a note; Python said nothing)."""
@@ -334,7 +525,7 @@ def _warn_other_synthetic_rows(rows: int, folder: Path, settings: dict[str, Any]
     if recorded is not None and recorded != rows:
         warnings.warn(f"rows={rows} overrides the run's rows={recorded}: the run in {folder} goes on from its "
                       f"checkpoint's place in {rows:,} synthetic rows, not the {recorded:,} it started on (leave "
-                      "rows= out to keep them)", UserWarning, stacklevel=4)
+                      "rows= out to keep them)", UserWarning, stacklevel=stacklevel)
 
 
 def _resumed_folder(resume: str | Path | None, out: str | Path | None, overwrite: bool) -> Path | None:
@@ -394,8 +585,7 @@ def _train_resumed(spec: str | Path | ModelSpec, spec_path: Path, model_spec: Mo
     from flowrec.serving.trained import Trained
     from operators.embedding import restoring_tables
 
-    defaults = {"rows": DEFAULT_ROWS, "device": "auto", "checkpoint_every": 0}  # not given: the run's own
-    given = {key: None if key in defaults and value == defaults[key] else value for key, value in given.items()}
+    given = _given_again(given)  # not given: the run's own
     label = str(spec) if not isinstance(spec, ModelSpec) else f"ModelSpec {spec.name!r}"
     if (problem := stream_folder_problem(folder, shell_word(label) if not isinstance(spec, ModelSpec) else "SPEC")):
         raise RunFolderError(problem)  # not "nothing to resume: it has no checkpoint.pt or run.json"
@@ -580,16 +770,19 @@ def _warn_covered_classes(metrics: Metrics) -> Metrics:
     return metrics
 
 
-def _resume_command(spec: str | Path | ModelSpec, folder: Path) -> str:
-    """The Python call that continues the run in `folder` (a `ModelSpec` is named `spec`).
+def _resume_command(spec: str | Path | ModelSpec, folder: Path, nproc: int = 1) -> str:
+    """The Python call that continues the run in `folder` (a `ModelSpec` is named `spec`), on
+    `nproc` ranks where it ran on more than one.
 
-    >>> _resume_command("tiny.yaml", Path("runs/tiny"))
-    "`flowrec.train('tiny.yaml', resume='runs/tiny')`"
+    >>> _resume_command("tiny.yaml", Path("runs/tiny")), _resume_command("t.yaml", Path("r"), 2)
+    ("`flowrec.train('tiny.yaml', resume='runs/tiny')`", "`flowrec.train('t.yaml', resume='r', nproc=2)`")
     """
-    return f"`flowrec.train({repr(str(spec)) if not isinstance(spec, ModelSpec) else 'spec'}, resume={str(folder)!r})`"
+    ranks = f", nproc={nproc}" if nproc > 1 else ""
+    return (f"`flowrec.train({repr(str(spec)) if not isinstance(spec, ModelSpec) else 'spec'}, "
+            f"resume={str(folder)!r}{ranks})`")
 
 
-def _interrupted_line(step: int, spec: str | Path | ModelSpec, folder: Path | None) -> str:
+def _interrupted_line(step: int, spec: str | Path | ModelSpec, folder: Path | None, nproc: int = 1) -> str:
     """What a `KeyboardInterrupt` out of `train` says: where the run stopped and how to go on.
 
     >>> _interrupted_line(5, "tiny.yaml", Path("runs/tiny"))
@@ -598,7 +791,7 @@ def _interrupted_line(step: int, spec: str | Path | ModelSpec, folder: Path | No
     if folder is None:
         return f"training interrupted after step {step} (out=None: nothing was kept)"
     return (f"training interrupted after step {step}; its checkpoint is in {folder}: flowrec.load({str(folder)!r}) "
-            f"scores it, {_resume_command(spec, folder)} continues it")
+            f"scores it, {_resume_command(spec, folder, nproc)} continues it")
 
 
 def _check_kinds(**arguments: tuple[Any, str]) -> None:

@@ -59,6 +59,7 @@ FILES: dict[str, frozenset[str]] = {
     "tests/unit/test_walk7.py": FAST,  # a seventh walk of README.md and docs/guide.md as a new user
     "tests/unit/test_runs8.py": FAST,  # resuming a finished run, eval and export of a run: round 8
     "tests/unit/test_runs9.py": FAST,  # a finished run's full load on request, its --nproc resume; damaged runs
+    "tests/unit/test_api_nproc_refusals.py": FAST,  # flowrec.train(nproc=N): refused before any rank starts
     "tests/unit/test_api_resume.py": FAST,  # flowrec.train(spec, resume=RUN): bitwise, finished, refused, CLI <-> Python
     "tests/unit/test_walk8.py": FAST,  # an eighth walk: the Python API and the model language, as a demanding user
     "tests/unit/test_precision_note.py": FAST,  # bf16 where the CPU has no bf16 kernels: warned, doctor says so
@@ -104,6 +105,7 @@ FILES: dict[str, frozenset[str]] = {
         "test_dist_managed_owner", "test_dist_checkpoint_background", "test_dist_start",
         "test_nproc_signals", "test_data_signals", "test_dist_managed", "test_retrieval_negatives_ranks", "test_retrieval_ranks_exact",
         "test_nproc_nonfinite", "test_nproc_custom_failure", "test_nproc_rank_stops",
+        "test_api_nproc",  # flowrec.train(nproc=2): as the command line's ranks, failures, Ctrl-C
     )},
     **{f"tests/integration/{name}.py": frozenset({"e2e"}) for name in (
         "test_calibrate", "test_cli_options", "test_data_convert", "test_data_diagnostics",

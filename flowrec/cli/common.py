@@ -373,18 +373,16 @@ def misnamed_output(flag: str, path: Path, offered: Sequence[str] = tuple(WRITES
     return None
 
 
-def torch_cuda_count() -> int:
-    """CUDA devices torch sees."""
-    import torch
-
-    return torch.cuda.device_count()
-
-
 def check_one_gpu_per_rank(nproc: int, device_type: str) -> None:
     """Exit 2 when `nproc` local processes on CUDA would not each have a GPU (`flowrec calibrate
-    --nproc N` and `flowrec train --nproc N` on `device_type`), before any is started."""
-    if device_type == "cuda" and nproc > 1 and nproc > (count := torch_cuda_count()):
-        fail(f"--nproc {nproc} with CUDA needs one GPU per process; this machine has {count}")
+    --nproc N` on `device_type`), before any is started (`flowrec.runs.launch`'s check)."""
+    from flowrec.runs.errors import RunError
+    from flowrec.runs.launch import check_one_gpu_per_rank as check
+
+    try:
+        check(nproc, device_type, f"--nproc {nproc}")
+    except RunError as exc:
+        fail(str(exc), exc.code)
 
 
 def rank_prefix() -> str:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from flowrec.runs.errors import EXIT_INTERRUPTED, EXIT_RANK_FAILED
+from flowrec.runs.launch import LAUNCH_NOTE_ENV  # a file of the launch: rank 0's `note_for_launcher`
 
 
 def report_stop(line: str, status: int, follows: bool) -> None:
@@ -62,7 +63,6 @@ def report_of(failure: Any) -> dict:
     return record if isinstance(record, dict) else {}
 
 
-LAUNCH_NOTE_ENV = "FLOWREC_LAUNCH_NOTE"  # a file of `flowrec train --nproc N`'s launch: rank 0's `note_for_launcher`
 
 
 def note_for_launcher(line: str | None) -> None:

@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from flowrec.cli.common import fail
-from flowrec.cli.rank_reports import LAUNCH_NOTE_ENV, launcher_note, report_of
+from flowrec.cli.rank_reports import launcher_note, report_of
 from flowrec.runs.errors import EXIT_INTERRUPTED, EXIT_RANK_FAILED
+from flowrec.runs.launch import NPROC_ENV
 
 LAUNCHER_OPTIONS = {"--nproc", "--max-restarts"}  # ours, not the ranks' (each takes a value)
-NPROC_ENV = "FLOWREC_NPROC"  # set for the ranks of `--nproc N`: their resume command says --nproc N
 
 
 def strip_options(args: list[str], options: set[str]) -> list[str]:
@@ -62,28 +62,23 @@ def launch_ranks(nproc: int, max_restarts: int, folder: Path | None, resume_comm
         resume_command: what continues the run named by --resume (None: a new run), for the one
             line a signal before training gets.
     """
+    from flowrec.runs.errors import RunError
+    from flowrec.runs.launch import launcher_command, launcher_env
+
     args = strip_options(command_args(sys.argv), LAUNCHER_OPTIONS)
     if folder is not None:
         args += ["--out", str(folder)]
-    cmd = [sys.executable, "-m", "flowrec.cli.ranks", "--standalone", f"--nproc-per-node={nproc}",
-           f"--max-restarts={max_restarts}", "--monitor-interval=0.5", "-m", "flowrec", "train", *args]
-    if not isinstance(logging.getLevelName(os.environ.get("LOGLEVEL", "ERROR").upper()), int):
-        fail(f"LOGLEVEL={os.environ['LOGLEVEL']!r} is not a logging level (DEBUG, INFO, WARNING, ERROR, "
-             "CRITICAL); torch.distributed's launcher reads it")
-    from flowrec.data.cores import thread_budget
-
-    threads = str(thread_budget(ranks=nproc).compute)  # torch (OpenMP), numba: the usable cores shared out
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", threads),
-           "NUMBA_NUM_THREADS": os.environ.get("NUMBA_NUM_THREADS", threads),
-           "LOGLEVEL": os.environ.get("LOGLEVEL", "CRITICAL").upper()}  # failures: one line of ours
     # the launcher leaves a torchelastic_* log folder per run in the temp folder: give it (and the
     # ranks' temp files) a folder of this launch, removed when it ends
     with tempfile.TemporaryDirectory(prefix="flowrec-ranks-", ignore_cleanup_errors=True) as tmp, \
             forwarded_signals() as forwarder:
         note = Path(tmp) / "rank0-note"  # what rank 0 leaves this process to say after a signal
+        try:
+            env = launcher_env(nproc, Path(tmp), note)
+        except RunError as exc:
+            fail(str(exc))
         # its own session: a terminal's Ctrl-C reaches it once, through this process, not twice
-        launcher = subprocess.Popen(cmd, env={**env, "TMPDIR": tmp, NPROC_ENV: str(nproc), LAUNCH_NOTE_ENV: str(note)},
-                                    start_new_session=True)
+        launcher = subprocess.Popen(launcher_command(nproc, max_restarts, args), env=env, start_new_session=True)
         forwarder.attach(launcher)
         status = launcher.wait()
         said = launcher_note(note)

@@ -212,10 +212,7 @@ def _launch(request: RunRequest, nproc: int, max_restarts: int) -> int:
     from flowrec.runtime.rundir import RunFolderError, claim_new_folder
 
     spec = load_spec_or_exit(request.spec_path)
-    _check_ranks_have_gpus(spec, request, nproc)
-    _check_ranks_fit(nproc)
-    _check_ranks_cache(spec, request, nproc)
-    _check_ranks_data(spec, request)
+    _check_ranks(spec, request, nproc)
     if request.resume is not None and _finished_before_launch(request, spec, nproc):
         return 0
     folder = None
@@ -283,65 +280,23 @@ def _drop_unused_folder(folder: Path) -> None:
     lock.release_and_remove_if_unused()
 
 
-def _check_ranks_data(spec, request: RunRequest) -> None:
-    """Exit 2 when a given --data or --eval-data is no dataset, or one encoded for another spec,
-    before the launch: each rank found it after starting (16-37 s) and said the same line, then the
-    launcher a third time. (Only the folder's record is read here; the ranks open the data.)"""
-    from flowrec.data.layout import DataError, check_spec, read_meta, train_part
-
-    for key in ("data", "eval_data"):
-        given = request.given.get(key)
-        if given is None:
-            continue
-        part = train_part(given) if key == "data" else Path(given)
-        try:
-            check_spec(read_meta(part), spec, part)
-        except DataError as exc:
-            fail(str(exc))
-
-
-def _check_ranks_have_gpus(spec, request: RunRequest, nproc: int) -> None:
-    """Exit 2 when the run is on CUDA and this machine has fewer GPUs than `nproc` ranks, before the
-    launch (each rank took a GPU of its own and the ranks past the last one failed, after starting)."""
-    from flowrec.cli.common import check_one_gpu_per_rank
+def _check_ranks(spec, request: RunRequest, nproc: int) -> None:
+    """Exit 2 (the one line of `flowrec.runs.launch`'s checks) when `nproc` ranks cannot run this
+    request, before the launch: each rank found it after starting and said the same line. The GPUs
+    of a run on CUDA, the memory for the ranks, the cache policy of a new run (a resumed run, one
+    started from another or from a plan file trains a plan whose check is its own), and a given
+    --data or --eval-data (only the folder's record is read here; the ranks open the data)."""
     from flowrec.runs.errors import RunError
-    from flowrec.runs.plan import device_for_run
+    from flowrec.runs.launch import check_ranks_cache, check_ranks_data, check_ranks_fit, check_ranks_have_gpus
 
     try:
-        device = device_for_run(spec, request.given["device"] or "auto")
+        check_ranks_have_gpus(spec, request.given["device"], nproc)
+        check_ranks_fit(nproc)
+        if request.resume is None and request.init_from is None and request.given.get("plan") is None:
+            check_ranks_cache(spec, request.given.get("cache"), nproc)
+        check_ranks_data(spec, request.given)
     except RunError as exc:
         fail(str(exc), exc.code)
-    check_one_gpu_per_rank(nproc, device.type)
-
-
-def _check_ranks_cache(spec, request: RunRequest, nproc: int) -> None:
-    """Exit 2 when a new run's cache policy (--cache, else the spec's plan.cache) cannot be planned
-    for `nproc` ranks, before the launch: every rank planned the run and refused it in a line of its
-    own, under 'pass 'cache' failed ... ValueError', after the ranks had started. A resumed run, one
-    started from another (--init-from) or from a plan file trains a plan whose check is its own."""
-    from flowrec.planner.passes.cache import sharded_cache_refusal
-
-    if request.resume is not None or request.init_from is not None or request.given.get("plan") is not None:
-        return
-    flag = "--cache" if request.given.get("cache") is not None else "the spec's plan.cache"
-    refusal = sharded_cache_refusal(request.given.get("cache") or spec.plan.cache, nproc)
-    if refusal is not None:
-        fail(f"--nproc {nproc} with {flag}: {refusal}")
-
-
-def _check_ranks_fit(nproc: int) -> None:
-    """Exit 2 when `nproc` ranks cannot all start here: each is a process of this program, as big
-    as this one is now (torch imported) before it reads any data. `--nproc 1000000` had torch's
-    launcher make a log folder per rank for minutes, deaf to SIGTERM, before any rank started."""
-    import resource
-
-    from flowrec.data.hostmemory import available_memory_bytes
-
-    each = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-    room = available_memory_bytes()
-    if room is not None and nproc * each > room:
-        fail(f"--nproc {nproc}: {nproc:,} ranks of {each / 2**20:,.0f} MiB each (this process's size, before any "
-             f"data) need more than the {room / 2**30:,.1f} GiB of memory available here; give fewer ranks")
 
 
 def _restarted(request: RunRequest) -> RunRequest:

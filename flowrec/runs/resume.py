@@ -313,6 +313,25 @@ def finished_looking_read_only(folder: Path, given_settings: dict[str, Any], spe
     return (not os.access(folder, os.W_OK) and (folder / RUN_FILE).is_file()
             and looks_finished(folder, given_settings, spec))
 
+def init_from_unstarted_line(folder: Path, parent: str, python: bool) -> str:
+    """The refusal of a resume of a run started from another (`--init-from`) that stopped before its
+    first checkpoint: it has nothing of its own to go on from, and only `flowrec train --resume`
+    starts it from that run again (`flowrec.train` takes no init_from=: `python` says so).
+
+    >>> init_from_unstarted_line(Path("runs/b"), "runs/a", python=False)
+    'runs/b was started from the run in runs/a and stopped before its first checkpoint: start it again with `flowrec train SPEC --resume runs/b`, which starts it from that run again'
+    >>> init_from_unstarted_line(Path("runs/b"), "runs/a", python=True)
+    "resume='runs/b': that run was started from the run in runs/a (`flowrec train --init-from`) and stopped before its first checkpoint, so it has nothing of its own to continue, and flowrec.train does not start a run from another (it takes no init_from=); start it again from that run on the command line: `flowrec train SPEC --resume runs/b`"
+    """
+    if not python:
+        return (f"{folder} was started from the run in {parent} and stopped before its first checkpoint: start it "
+                f"again with `flowrec train SPEC --resume {folder}`, which starts it from that run again")
+    return (f"resume={str(folder)!r}: that run was started from the run in {parent} (`flowrec train --init-from`) "
+            "and stopped before its first checkpoint, so it has nothing of its own to continue, and flowrec.train "
+            "does not start a run from another (it takes no init_from=); start it again from that run on the "
+            f"command line: `flowrec train SPEC --resume {folder}`")
+
+
 @dataclass
 class Resumption:
     """A run to go on with, read from its folder (`read_resumption`): its settings (run.json's, given
@@ -351,9 +370,7 @@ def read_resumption(folder: Path, given_settings: dict[str, Any], spec: Any, spe
                                                                                option(key, python) + "PATH")):
             raise RunError(problem)
     if state is None and (recorded or {}).get("init_from"):
-        raise RunError(f"{folder} was started from the run in {recorded['init_from']} and stopped before its first "
-                       f"checkpoint: start it again with `flowrec train SPEC --resume {folder}`, which starts it "
-                       f"from that run again")
+        raise RunError(init_from_unstarted_line(folder, recorded["init_from"], python))
     if (problem := plan_options_problem(given_settings, recorded if state is not None else None, None, python)):
         raise RunError(problem)
     settings, _ = run_settings(given_settings, spec, recorded, None, bool((recorded or {}).get("fresh_optimizer")))

@@ -400,3 +400,26 @@ def test_other_synthetic_rows_given_to_a_resume_are_said(tmp_path: Path, monkeyp
     other = rows + random.randint(50, 200)
     with pytest.warns(UserWarning, match=f"rows={other} overrides the run's rows={rows}"):
         flowrec.train(spec, resume=tmp_path / "r", rows=other, max_steps=4)
+
+
+def test_a_run_started_from_another_that_never_checkpointed_is_refused_in_python_words(tmp_path: Path,
+                                                                                     monkeypatch) -> None:
+    """Its resume said "start it again with `flowrec train SPEC --resume RUN`" as if to the command
+    line, with no word of why flowrec.train cannot: it starts no run from another."""
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    _spec(tmp_path)
+    flowrec.train("t.yaml", out="parent", max_steps=2, **_options())
+    (tmp_path / "child").mkdir()  # as `flowrec train --init-from parent --out child` leaves it, killed at once
+    recorded = json.loads((tmp_path / "parent" / "run.json").read_text())
+    (tmp_path / "child" / "run.json").write_text(json.dumps({**recorded, "init_from": "parent"}))
+    before = _files(tmp_path / "child")
+    with pytest.raises(RunError) as exc:
+        flowrec.train("t.yaml", resume="child")
+    assert str(exc.value) == (
+        "resume='child': that run was started from the run in parent (`flowrec train --init-from`) and stopped "
+        "before its first checkpoint, so it has nothing of its own to continue, and flowrec.train does not start "
+        "a run from another (it takes no init_from=); start it again from that run on the command line: "
+        "`flowrec train SPEC --resume child`")
+    assert _files(tmp_path / "child") == before

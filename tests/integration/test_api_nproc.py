@@ -1,0 +1,184 @@
+"""`flowrec.train(spec, nproc=2)`: the ranks of `flowrec train SPEC --nproc 2`, from Python. The run
+and its resume on two ranks end bitwise as the command line's; a rank's failure is one `RanksFailed`
+with the rank's line; Ctrl-C in the calling process stops every rank (none left) and the
+KeyboardInterrupt says the call that continues the run, which does. Each Python call runs in a
+subprocess under a deadline (`run_bounded`, `communicate_bounded`)."""
+from __future__ import annotations
+
+import copy
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flowrec.testing.processes import communicate_bounded, descendants, kill_tree, run_bounded
+from flowrec.testing.ranks import assert_same_model, run_flowrec, subprocess_env
+from flowrec.testing.specs import TINY
+
+ROOT = Path(__file__).resolve().parents[2]
+TIMEOUT_S = 300  # every subprocess: a rank left waiting fails the test, never hangs it
+EXIT_S = 150  # from Ctrl-C to the calling process's exit (the ranks' checkpoint, the launcher's shutdown)
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("api_nproc")
+    doc = copy.deepcopy(TINY)
+    doc["name"] = "tiny_api_nproc"
+    doc["training"] = {"batch_size": 50, "epochs": 4, "seed": 7}
+    doc["heads"][1]["label"] = "label2"
+    (root / "spec.yaml").write_text(yaml.safe_dump(doc))
+    made = run_flowrec("data", "synth", "spec.yaml", "--rows", "600", "--out", "d", "--seed", "3", "-q", cwd=root,
+                       root=ROOT, timeout_s=TIMEOUT_S)
+    assert made.returncode == 0, made.stderr
+    return root
+
+
+def _python(code: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`code` run by a Python process in `cwd`, within TIMEOUT_S (its output captured)."""
+    return run_bounded([sys.executable, "-c", textwrap.dedent(code)], cwd=cwd, env=subprocess_env(ROOT), text=True,
+                       capture_output=True, timeout_s=TIMEOUT_S)
+
+
+def test_two_ranks_from_python_train_and_resume_as_the_command_line_does(work: Path):
+    cli = run_flowrec("train", "spec.yaml", "--data", "d", "--out", "cli", "--max-steps", "6", "-q", "--nproc", "2",
+                      cwd=work, root=ROOT, timeout_s=TIMEOUT_S)
+    assert cli.returncode == 0, cli.stderr[-3000:]
+    py = _python("""
+        import json, warnings, flowrec
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            run = flowrec.train("spec.yaml", data="d", out="py", max_steps=6, rows=123, nproc=2)
+        print(json.dumps({"dir": str(run.run_dir), "step": run.trained.step, "said": [str(w.message) for w in caught],
+                          "trained": sum(r.get("event") == "train" for r in run.history)}))
+    """, work)
+    assert py.returncode == 0, py.stderr[-3000:]
+    done = json.loads(py.stdout.splitlines()[-1])
+    assert {key: done[key] for key in ("dir", "step", "trained")} == {"dir": "py", "step": 6, "trained": 6}
+    assert [line for line in done["said"] if "rows" in line] == [  # in Python's words, once (not the ranks' --rows)
+        "rows=123 is ignored: it sets the rows of synthetic data, and this run trains on every row of data=d "
+        "(max_steps=N stops it sooner)"], done["said"]
+    assert "Traceback" not in py.stderr and "continue with" not in py.stderr  # without progress: the ranks' lines kept
+    assert_same_model(work / "cli", work / "py", tol=0)
+
+    cli = run_flowrec("train", "spec.yaml", "--resume", "cli", "--max-steps", "10", "-q", "--nproc", "2", cwd=work,
+                      root=ROOT, timeout_s=TIMEOUT_S)
+    assert cli.returncode == 0, cli.stderr[-3000:]
+    py = _python("""
+        import flowrec
+        run = flowrec.train("spec.yaml", resume="py", max_steps=10, nproc=2, progress=True)
+        print(run.trained.step)
+    """, work)
+    assert py.returncode == 0, py.stderr[-3000:]
+    assert py.stdout.split() == ["10"]
+    assert "resuming" in py.stderr  # progress=True: the ranks' lines on stderr
+    assert_same_model(work / "cli", work / "py", tol=0)
+
+
+FLAKY = textwrap.dedent('''
+    import os
+    from torch import nn
+
+
+    class Flaky(nn.Module):
+        """Raises KeyError at its third training call on rank 1."""
+        def __init__(self, in_features):
+            super().__init__()
+            self.proj = nn.Linear(in_features, 3)
+            self.calls = 0
+
+        def forward(self, x):
+            if self.training:
+                self.calls += 1
+                if self.calls == 3 and os.environ.get("RANK") == "1":
+                    raise KeyError("no such user")
+            return self.proj(x)
+''')
+
+
+def test_a_failing_rank_is_one_ranks_failed_with_its_line(tmp_path: Path):
+    (tmp_path / "flaky.py").write_text(FLAKY)
+    doc = {"name": "flaky",
+           "features": [{"name": "x0", "type": "dense"}, {"name": "x1", "type": "dense"},
+                        {"name": "user", "type": "categorical", "hash_buckets": 300, "dim": 8}],
+           "modules": [{"name": "mine", "kind": "custom", "class": f"{tmp_path / 'flaky.py'}:Flaky",
+                        "inputs": ["@dense", "@sparse"], "params": {"in_features": 10}},
+                       {"name": "top", "kind": "mlp", "inputs": ["mine"], "layers": [4]}],
+           "heads": [{"name": "ctr", "input": "top"}],
+           "optimizer": {"dense": {"name": "adam", "lr": 0.01}, "sparse": {"name": "adagrad", "lr": 0.05}},
+           "training": {"batch_size": 32, "seed": 5}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(doc))
+    py = _python("""
+        import json, flowrec
+        from flowrec.runs.errors import RunError
+        from flowrec.runs.launch import RanksFailed
+        try:
+            flowrec.train("s.yaml", rows=400, device="cpu", out="run", nproc=2)
+        except RanksFailed as exc:
+            print(json.dumps({"line": str(exc), "code": exc.code, "lines": exc.lines,
+                              "run_error": isinstance(exc, RunError)}))
+    """, tmp_path)
+    assert py.returncode == 0, py.stderr[-3000:]
+    failed = json.loads(py.stdout.splitlines()[-1])
+    assert failed["run_error"] and failed["code"] == 2, failed
+    assert "\n" not in failed["line"] and failed["line"].startswith("training on 2 ranks failed (exit status 2): ")
+    assert "raised KeyError" in failed["line"], failed
+    assert any("raised KeyError" in line for line in failed["lines"]), failed["lines"]
+    assert not (tmp_path / "run").exists()  # as one process leaves a run that wrote no checkpoint
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for its parent counts as gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="finds the ranks through /proc")
+def test_ctrl_c_in_the_caller_stops_every_rank_and_says_the_call_that_continues_it(work: Path):
+    code = """
+        import flowrec
+        try:
+            flowrec.train("spec.yaml", data="d", out="stopped", checkpoint_every=4, nproc=2)
+        except KeyboardInterrupt as exc:
+            print("interrupted:", exc, flush=True)
+            raise SystemExit(130)
+    """
+    job = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], cwd=work, env=subprocess_env(ROOT),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        metrics, deadline = work / "stopped" / "metrics.jsonl", time.monotonic() + TIMEOUT_S
+        while not (metrics.is_file() and sum('"event": "train"' in line for line in metrics.open()) >= 3):
+            assert job.poll() is None, "the run ended before Ctrl-C"
+            assert time.monotonic() < deadline, f"no training steps within {TIMEOUT_S} s"
+            time.sleep(0.1)
+        launch = descendants(job.pid)
+        ranks = [p for p in launch if b"flowrec\x00train" in Path(f"/proc/{p}/cmdline").read_bytes()
+                 and b"flowrec.cli.ranks" not in Path(f"/proc/{p}/cmdline").read_bytes()]
+        assert len(ranks) == 2, launch
+        job.send_signal(signal.SIGINT)
+        out, err = communicate_bounded(job, EXIT_S)
+    finally:
+        if job.poll() is None:
+            kill_tree(job.pid)
+            job.wait(timeout=30)
+    assert job.returncode == 130, err[-3000:]
+    assert not [p for p in launch if _alive(p)]  # the launcher and both ranks: killed and joined
+    said = out.split("interrupted: ", 1)[1].strip()
+    assert said.startswith("training interrupted after step ") and "\n" not in said, said
+    call = said.split(" scores it, ", 1)[1]
+    assert call == "`flowrec.train('spec.yaml', resume='stopped', nproc=2)` continues it", said
+    resumed = _python(f"""
+        import flowrec
+        run = {call.split('`')[1]}
+        print(run.trained.step)
+    """, work)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert resumed.stdout.split() == ["48"]  # 4 epochs of 12 steps (600 rows, batch 50)
