@@ -90,11 +90,11 @@ def test_stale_temp_files_are_removed_when_the_owning_run_starts(spec: Path, tmp
 
 
 def test_default_run_folders_are_claimed_without_races(tmp_path: Path):
-    barrier = threading.Barrier(8, timeout=60)  # a thread that never came: the others fail, not hang
+    barrier = threading.Barrier(8)
     claimed, locks = [], []
 
     def claim() -> None:
-        barrier.wait()
+        barrier.wait(timeout=60)  # a thread that never came: the others fail, not hang
         folder, lock = claim_new_folder(tmp_path / "runs", "job")
         claimed.append(folder.name)
         locks.append(lock)
