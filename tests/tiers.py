@@ -89,6 +89,7 @@ FILES: dict[str, frozenset[str]] = {
     "tests/unit/test_bench_resume.py": frozenset({"processes"}),  # tools/bench_resume.py, one round
     "tests/unit/test_fake_cuda_tier.py": frozenset({"processes"}),
     "tests/unit/test_bounded_waits.py": frozenset({"processes"}),  # a hung child killed with its tree, its output shown
+    "tests/unit/test_waits_have_deadlines.py": FAST,  # no test child without a deadline that kills its tree (ast scan)
     "tests/unit/test_spec_fuzz.py": frozenset({"fuzz"}),
     **{f"tests/unit/{name}.py": frozenset({"thorough"}) for name in (
         "test_cache_exact", "test_cache_fae", "test_cache_fae_bytes", "test_cache_model", "test_train_reference",

@@ -113,7 +113,7 @@ def run_variant(mode: str, spec: Path, data: Path, tmp: Path, steps: int, budget
     finally:
         if foreign is not None:
             foreign.kill()
-            foreign.wait()
+            foreign.wait(timeout=60)  # killed: gone at once, unless the machine is stalled
     rows = json.loads(out.read_text())[WARMUP_STEPS:]
     result = {key: median([r[key] for r in rows]) for key in rows[0]}
     result["data_cpu_ms_mean"] = sum(r["data_cpu_ms"] for r in rows) / len(rows)

@@ -43,6 +43,7 @@ REPO = Path(__file__).resolve().parents[1]
 SWEEP = "tests/gpu/test_specs_gpu.py"
 SPEC = "specs/dlrm_criteo.yaml"
 MIN_STEP_S = 10.0  # a step with less of the budget left is skipped, not started
+REAP_S = 30.0  # a step past its limit, killed, is gone within this (a wait past it fails, not hangs)
 
 
 @dataclass
@@ -123,7 +124,7 @@ def run_command(argv: list[str], limit_s: float, log: Log, env: dict[str, str]) 
     assert proc.stdout is not None
     for line in proc.stdout:
         log.write(line)
-    proc.wait()
+    proc.wait(timeout=max(0.0, deadline - time.monotonic()) + REAP_S)  # the timer kills it at the deadline
     timer.cancel()
     return None if timer.fired else proc.returncode
 
@@ -143,7 +144,7 @@ class _Killer:
 
     def cancel(self) -> None:
         self._done.set()
-        self._thread.join()
+        self._thread.join(timeout=REAP_S)
 
     def _watch(self) -> None:
         if self._done.wait(max(0.0, self.deadline - time.monotonic())):
@@ -202,7 +203,7 @@ def sweep(lease: Lease, limit_s: float, log: Log) -> int:
             codes.append(proc.wait(timeout=max(0.1, deadline - time.monotonic())))
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            proc.wait(timeout=REAP_S)
             codes.append(None)
         text.close()
     for k, code in enumerate(codes):

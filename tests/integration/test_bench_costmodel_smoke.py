@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from flowrec.planner.calibration import profile_document
+from flowrec.testing.processes import run_bounded
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -22,9 +22,9 @@ def test_bench_costmodel_lists_the_spec_with_its_robust_step(tmp_path, nproc):
     profile.write_text(json.dumps(profile_document("cpu", {"step_us": (300.0, "given")}, "test", "now")))
     out = tmp_path / "cost.json"
     env = {**os.environ, "TMPDIR": str(tmp_path)}
-    proc = subprocess.run([sys.executable, "tools/bench_costmodel.py", "--specs", "movielens.yaml", "--steps", "3", "--runs", "2",
-                           "--profile", str(profile), "--nproc", str(nproc), "--json", str(out)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    proc = run_bounded([sys.executable, "tools/bench_costmodel.py", "--specs", "movielens.yaml", "--steps", "3", "--runs", "2",
+                        "--profile", str(profile), "--nproc", str(nproc), "--json", str(out)],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout_s=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert doc["nproc"] == nproc and [r["spec"] for r in doc["specs"]] == ["movielens.yaml"]
@@ -51,9 +51,9 @@ def test_interleaved_pairs_each_run_after_a_calibration_of_its_own(tmp_path):
     against its own calibration's plan, the spec's error the median of the pairs' (no timing asserted)."""
     out = tmp_path / "cost.json"
     env = {**os.environ, "TMPDIR": str(tmp_path)}
-    proc = subprocess.run([sys.executable, "tools/bench_costmodel.py", "--specs", "movielens.yaml", "--steps", "3",
-                           "--runs", "2", "--interleave", "--threads", "1", "--json", str(out)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
+    proc = run_bounded([sys.executable, "tools/bench_costmodel.py", "--specs", "movielens.yaml", "--steps", "3",
+                        "--runs", "2", "--interleave", "--threads", "1", "--json", str(out)],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout_s=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(out.read_text())
     row, calibration = doc["specs"][0], doc["calibration"]["movielens.yaml"]

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from flowrec.testing.processes import run_bounded
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -17,8 +18,8 @@ REPO = Path(__file__).resolve().parents[2]
 def test_bench_dist_quick_writes_ratios(tmp_path):
     out = tmp_path / "dist.json"
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
-    proc = subprocess.run([sys.executable, "tools/bench_dist.py", "--quick", "--json", str(out)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    proc = run_bounded([sys.executable, "tools/bench_dist.py", "--quick", "--json", str(out)],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout_s=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert doc["world_1"]["bytes_sent_per_rank_step"] == 0  # one rank sends nothing

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from flowrec.testing.processes import run_bounded
 
 REPO = Path(__file__).resolve().parents[2]
 RATIOS = ("flowrec_vs_plain_dlrm", "flowrec_vs_torchrec_dlrm", "flowrec_vs_plain_wide1000",
@@ -19,9 +20,9 @@ RATIOS = ("flowrec_vs_plain_dlrm", "flowrec_vs_torchrec_dlrm", "flowrec_vs_plain
 def test_bench_train_quick_writes_figures(tmp_path):
     out = tmp_path / "train.json"
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
-    proc = subprocess.run([sys.executable, "tools/bench_train.py", "--quick", "--models", "dlrm",
-                           "--precisions", "fp32", "--competitors", "1", "--compile", "--eager-twin", "--json", str(out)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    proc = run_bounded([sys.executable, "tools/bench_train.py", "--quick", "--models", "dlrm",
+                        "--precisions", "fp32", "--competitors", "1", "--compile", "--eager-twin", "--json", str(out)],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout_s=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert doc["device"] == "cpu" and doc["quick"] is True and doc["competitors"] == 1
@@ -76,10 +77,10 @@ def test_bench_train_isolated_runs_each_system_in_its_own_process(tmp_path):
     median of the rounds; `as-run` without `--isolate` is refused."""
     out = tmp_path / "iso.json"
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
-    proc = subprocess.run([sys.executable, "tools/bench_train.py", "--quick", "--models", "dlrm",
-                           "--precisions", "fp32", "--systems", "flowrec,plain", "--isolate", "2",
-                           "--host-allocator", "as-run", "--profile-steps", "0", "--json", str(out)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    proc = run_bounded([sys.executable, "tools/bench_train.py", "--quick", "--models", "dlrm",
+                        "--precisions", "fp32", "--systems", "flowrec,plain", "--isolate", "2",
+                        "--host-allocator", "as-run", "--profile-steps", "0", "--json", str(out)],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout_s=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert doc["isolate"] == {"rounds": 2, "allocators": {"flowrec": "flowrec", "plain": "default"}}
@@ -92,8 +93,8 @@ def test_bench_train_isolated_runs_each_system_in_its_own_process(tmp_path):
         assert len(fig["rounds_auc"]) == 2 and 0.0 < fig["auc"] < 1.0
     assert doc["ratios"]["flowrec_vs_plain_dlrm"] == round(figs["plain"]["ms_per_step"] / figs["flowrec"]["ms_per_step"], 3)
     assert proc.stderr.count("[round ") == 4  # one progress line per process
-    refused = subprocess.run([sys.executable, "tools/bench_train.py", "--quick", "--host-allocator", "as-run"],
-                             cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    refused = run_bounded([sys.executable, "tools/bench_train.py", "--quick", "--host-allocator", "as-run"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout_s=120)
     assert refused.returncode == 2 and "--isolate" in refused.stderr
 
 

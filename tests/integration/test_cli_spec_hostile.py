@@ -11,7 +11,6 @@ import codecs
 import datetime
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -21,6 +20,7 @@ import yaml
 from typer.testing import CliRunner
 
 from flowrec.cli import app
+from flowrec.testing.processes import run_bounded
 
 REPO = Path(__file__).resolve().parents[2]
 BASE_TEXT = (REPO / "specs" / "two_task.yaml").read_text(encoding="utf-8")
@@ -226,8 +226,8 @@ def test_loader_crashers_in_subprocess(tmp_path, command, text, suffix):
     spec = tmp_path / f"hostile{suffix}"
     spec.write_text(text, encoding="utf-8")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-c", "from flowrec.cli import main; main()", command, str(spec)],
-                          capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S, env=env, cwd=REPO)
+    proc = run_bounded([sys.executable, "-c", "from flowrec.cli import main; main()", command, str(spec)],
+                       capture_output=True, text=True, timeout_s=SUBPROCESS_TIMEOUT_S, env=env, cwd=REPO)
     lines = (proc.stdout + proc.stderr).splitlines()
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert len(lines) == 1 and lines[0].startswith(f"{spec}: line ")
@@ -239,8 +239,8 @@ def test_fifo_as_spec_does_not_block(tmp_path, command):
     fifo = tmp_path / "spec.yaml"
     os.mkfifo(fifo)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-c", "from flowrec.cli import main; main()", command, str(fifo)],
-                          capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S, env=env, cwd=REPO)
+    proc = run_bounded([sys.executable, "-c", "from flowrec.cli import main; main()", command, str(fifo)],
+                       capture_output=True, text=True, timeout_s=SUBPROCESS_TIMEOUT_S, env=env, cwd=REPO)
     assert proc.returncode == 2
     assert (proc.stdout + proc.stderr).splitlines() == [f"{fifo}: not a regular file"]
 

@@ -3,7 +3,6 @@ predicts in a process where that file no longer exists; a bad class path is one 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import textwrap
 from dataclasses import replace
@@ -14,6 +13,7 @@ from typer.testing import CliRunner
 
 import flowrec
 from flowrec.cli import app
+from flowrec.testing.processes import run_bounded
 from operators.custom import DATA_DEPENDENT_FLOW
 
 REPO = Path(__file__).resolve().parents[2]
@@ -155,9 +155,9 @@ def test_custom_module_trains_resumes_exports_and_predicts_without_its_file(tmp_
     assert exported.exit_code == 0, exported.output
     (user / "blocks.py").unlink()
     (tmp_path / "predict.py").write_text(PREDICT)
-    done = subprocess.run([sys.executable, str(tmp_path / "predict.py"), str(tmp_path / "pkg")],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    done = run_bounded([sys.executable, str(tmp_path / "predict.py"), str(tmp_path / "pkg")],
+                       capture_output=True, text=True, timeout_s=300, cwd=tmp_path,
+                       env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
     assert done.returncode == 0, done.stderr[-2000:]
     assert "scored 2" in done.stdout
 

@@ -2,17 +2,18 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
+
+from flowrec.testing.processes import run_bounded
 
 
 @pytest.mark.slow
 def test_bench_staging_quick_writes_every_figure(repo, tmp_path):
     out = tmp_path / "bench.json"
-    subprocess.run([sys.executable, str(repo / "tools" / "bench_staging.py"), "--quick", "--rows", "30000",
-                    "--json", str(out)], check=True, timeout=300)
+    run_bounded([sys.executable, str(repo / "tools" / "bench_staging.py"), "--quick", "--rows", "30000",
+                 "--json", str(out)], check=True, timeout_s=300)
     result = json.loads(out.read_text())
     assert {"staging", "staging_uncached", "staging_lookahead", "plain_loop", "plain_loop_kept"} <= set(
         result["samples_per_s"])

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from flowrec.testing.processes import readline_bounded
+from flowrec.testing.processes import readline_bounded, run_bounded
 from flowrec.testing.ranks import subprocess_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,8 +61,8 @@ def test_sigterm_while_a_dataset_is_written_leaves_no_partial_folder(tmp_path: P
     (Python's default: no line, status -15 or -1) and left the hidden `.OUT.partial-*` folder it was
     writing, a dataset's worth of part files, beside OUT."""
     args = _dataset_args(tmp_path, command)
-    done = subprocess.run([sys.executable, "-c", TERMINATED, sig, "", *args], cwd=tmp_path, env=subprocess_env(ROOT),
-                          text=True, capture_output=True, timeout=TIMEOUT_S)
+    done = run_bounded([sys.executable, "-c", TERMINATED, sig, "", *args], cwd=tmp_path, env=subprocess_env(ROOT),
+                       text=True, capture_output=True, timeout_s=TIMEOUT_S)
     assert done.returncode == 130, (done.returncode, done.stderr[-2000:])
     assert done.stderr.strip().splitlines()[-1] == f"error: interrupted ({sig})", done.stderr[-2000:]
     assert list((tmp_path / "out").iterdir()) == []
@@ -72,8 +72,8 @@ def test_sigterm_while_a_dataset_is_written_leaves_no_partial_folder(tmp_path: P
 def test_sighup_ignored_from_the_start_is_still_ignored(tmp_path: Path, command: str) -> None:
     """Under `nohup` (SIGHUP ignored when the command starts) a hangup does not stop the command."""
     args = _dataset_args(tmp_path, command)
-    done = subprocess.run([sys.executable, "-c", TERMINATED, "SIGHUP", "ignored", *args], cwd=tmp_path,
-                          env=subprocess_env(ROOT), text=True, capture_output=True, timeout=TIMEOUT_S)
+    done = run_bounded([sys.executable, "-c", TERMINATED, "SIGHUP", "ignored", *args], cwd=tmp_path,
+                       env=subprocess_env(ROOT), text=True, capture_output=True, timeout_s=TIMEOUT_S)
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["ds"]
     assert list((tmp_path / "out" / "ds").glob("*.parquet")) or list((tmp_path / "out" / "ds").rglob("*.parquet"))
@@ -111,14 +111,14 @@ def test_sigterm_while_a_package_or_scores_are_written_leaves_nothing_behind(tmp
     (tmp_path / "rows.csv").write_text("d1,user,label\n" + "".join(f"{i},u{i},{i % 2}\n" for i in range(50)))
     env = subprocess_env(ROOT)
     for args in (["train", "spec.yaml", "--rows", "300", "--out", "run", "-q"], ["export", "run", "pkg"]):
-        made = subprocess.run([sys.executable, "-m", "flowrec", *args], cwd=tmp_path, env=env, text=True,
-                              capture_output=True, timeout=TIMEOUT_S)
+        made = run_bounded([sys.executable, "-m", "flowrec", *args], cwd=tmp_path, env=env, text=True,
+                           capture_output=True, timeout_s=TIMEOUT_S)
         assert made.returncode == 0, made.stderr[-2000:]
     (tmp_path / "out").mkdir()
     for args in (["export", "run", "out/pkg"],
                  ["predict", "pkg", "rows.csv", "--format", "csv", "--out", "out/scores.parquet"]):
-        done = subprocess.run([sys.executable, "-c", STAGED, *args], cwd=tmp_path, env=env, text=True,
-                              capture_output=True, timeout=TIMEOUT_S)
+        done = run_bounded([sys.executable, "-c", STAGED, *args], cwd=tmp_path, env=env, text=True,
+                           capture_output=True, timeout_s=TIMEOUT_S)
         assert done.returncode == 130, (args[0], done.returncode, done.stderr[-2000:])
         assert "interrupted (SIGTERM)" in done.stderr
         assert list((tmp_path / "out").iterdir()) == []
@@ -147,9 +147,9 @@ def test_a_conversion_replacing_a_dataset_waits_for_its_readers(tmp_path: Path) 
 
     (tmp_path / "spec.yaml").write_text(SPEC)
     env = subprocess_env(ROOT)
-    made = subprocess.run([sys.executable, "-m", "flowrec", "data", "synth", "spec.yaml", "--rows", "3000",
-                           "--rows-per-file", "1000", "--out", "ds"], cwd=tmp_path, env=env, text=True,
-                          capture_output=True, timeout=TIMEOUT_S)
+    made = run_bounded([sys.executable, "-m", "flowrec", "data", "synth", "spec.yaml", "--rows", "3000",
+                        "--rows-per-file", "1000", "--out", "ds"], cwd=tmp_path, env=env, text=True,
+                       capture_output=True, timeout_s=TIMEOUT_S)
     assert made.returncode == 0, made.stderr[-2000:]
     old = pq.read_table(tmp_path / "ds", columns=["d1"])
     reader = subprocess.Popen([sys.executable, "-c", READER], cwd=tmp_path, env=env, text=True,
@@ -203,14 +203,14 @@ def test_sigterm_while_calibrate_measures_or_eval_scores_is_one_line(tmp_path: P
     env = subprocess_env(ROOT)
     for args in (["data", "synth", "spec.yaml", "--rows", "300", "--out", "ds"],
                  ["train", "spec.yaml", "--data", "ds", "--out", "run", "-q"]):
-        made = subprocess.run([sys.executable, "-m", "flowrec", *args], cwd=tmp_path, env=env, text=True,
-                              capture_output=True, timeout=TIMEOUT_S)
+        made = run_bounded([sys.executable, "-m", "flowrec", *args], cwd=tmp_path, env=env, text=True,
+                           capture_output=True, timeout_s=TIMEOUT_S)
         assert made.returncode == 0, made.stderr[-2000:]
     (tmp_path / "out").mkdir()
     for args, nothing in ((["calibrate", "spec.yaml", "--out", "out/cal.json"], "; no device profile was written"),
                           (["eval", "run", "--data", "ds", "--json", "out/m.json"], "")):
-        done = subprocess.run([sys.executable, "-c", MEASURING, *args], cwd=tmp_path, env=env, text=True,
-                              capture_output=True, timeout=TIMEOUT_S)
+        done = run_bounded([sys.executable, "-c", MEASURING, *args], cwd=tmp_path, env=env, text=True,
+                           capture_output=True, timeout_s=TIMEOUT_S)
         assert done.returncode == 130, (args[0], done.returncode, done.stderr[-2000:])
         assert done.stderr.strip().splitlines()[-1] == f"error: interrupted (SIGTERM){nothing}", done.stderr
         assert list((tmp_path / "out").iterdir()) == []
@@ -243,12 +243,12 @@ def test_sigterm_while_the_new_dataset_is_swapped_in_leaves_one_of_the_two(tmp_p
 
     (tmp_path / "spec.yaml").write_text(SPEC)
     env = subprocess_env(ROOT)
-    made = subprocess.run([sys.executable, "-m", "flowrec", "data", "synth", "spec.yaml", "--rows", "300",
-                           "--out", "ds"], cwd=tmp_path, env=env, text=True, capture_output=True, timeout=TIMEOUT_S)
+    made = run_bounded([sys.executable, "-m", "flowrec", "data", "synth", "spec.yaml", "--rows", "300",
+                        "--out", "ds"], cwd=tmp_path, env=env, text=True, capture_output=True, timeout_s=TIMEOUT_S)
     assert made.returncode == 0, made.stderr[-2000:]
-    done = subprocess.run([sys.executable, "-c", SWAPPING, "data", "synth", "spec.yaml", "--rows", "200", "--out",
-                           "ds", "--overwrite"], cwd=tmp_path, env=env, text=True, capture_output=True,
-                          timeout=TIMEOUT_S)
+    done = run_bounded([sys.executable, "-c", SWAPPING, "data", "synth", "spec.yaml", "--rows", "200", "--out",
+                        "ds", "--overwrite"], cwd=tmp_path, env=env, text=True, capture_output=True,
+                       timeout_s=TIMEOUT_S)
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ds", "spec.yaml"]
     assert pq.read_table(tmp_path / "ds").num_rows == 200

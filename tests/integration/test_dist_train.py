@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flowrec.testing.processes import communicate_bounded, descendants, kill_tree
+from flowrec.testing.processes import communicate_bounded, descendants, kill_tree, run_bounded
 from flowrec.testing.ranks import assert_same_model, run_flowrec, subprocess_env
 from flowrec.testing.specs import TINY
 
@@ -288,8 +288,8 @@ def test_ranks_reading_through_dask_train_the_same(work):
      "every rank must write to the same run folder"),
 ])
 def test_a_bad_launch_is_one_line_and_writes_nothing(work, env, args, message):
-    done = subprocess.run([sys.executable, "-m", "flowrec", "train", "spec.yaml", "--data", "d", "-q", *args],
-                          cwd=work, env={**_env(), **env}, text=True, capture_output=True, timeout=TIMEOUT_S)
+    done = run_bounded([sys.executable, "-m", "flowrec", "train", "spec.yaml", "--data", "d", "-q", *args],
+                       cwd=work, env={**_env(), **env}, text=True, capture_output=True, timeout_s=TIMEOUT_S)
     assert done.returncode == 2, done.stderr
     lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and message in lines[0], done.stderr

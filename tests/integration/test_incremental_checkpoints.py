@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import textwrap
 import threading
@@ -27,6 +26,7 @@ from flowrec.runtime.checkpoint.direct import DirectFile
 from flowrec.runtime.trainer import CHECKPOINT_WRITES_ENV
 from flowrec.serving.trained import ServingModel, load_trained
 from flowrec.planner.contract import scoring_plan
+from flowrec.testing.processes import run_bounded
 
 SPEC = """
 name: tiny_delta
@@ -150,13 +150,13 @@ def test_a_kill_during_a_delta_write_resumes_bitwise_equal(spec: Path, tmp_path:
     env = {**os.environ, "PYTHONPATH": str(REPO), "KILL_AT_DELTA": "5"}
     argv = [sys.executable, "-c", textwrap.dedent(KILLER), "train", str(spec), "--rows", "600", "--out",
             str(run), "--quiet", "--checkpoint-every", "5", "--checkpoint-full-every", "4"]
-    killed = subprocess.run(argv, cwd=tmp_path, env=env, timeout=RUN_TIMEOUT_S, capture_output=True)
+    killed = run_bounded(argv, cwd=tmp_path, env=env, timeout_s=RUN_TIMEOUT_S, capture_output=True)
     assert killed.returncode == -9, killed.stderr.decode()
     assert list(run.glob(".ckpt-*.tmp"))  # the kill left half a delta behind
     # full at step 5, deltas at 10, 15, 20; full at 25, delta 1 at 30; delta 2 (step 35) died
     assert load_checkpoint(run)["position"]["step"] == 30
-    resumed = subprocess.run([sys.executable, "-m", "flowrec", "train", str(spec), "--resume", str(run),
-                              "--quiet"], cwd=tmp_path, env=env, timeout=RUN_TIMEOUT_S, capture_output=True)
+    resumed = run_bounded([sys.executable, "-m", "flowrec", "train", str(spec), "--resume", str(run),
+                           "--quiet"], cwd=tmp_path, env=env, timeout_s=RUN_TIMEOUT_S, capture_output=True)
     assert resumed.returncode == 0, resumed.stderr.decode()
     _assert_same_run(load_checkpoint(tmp_path / "full"), load_checkpoint(run))
     assert not list(run.glob(".ckpt-*"))
@@ -204,13 +204,13 @@ def test_a_kill_during_a_streamed_full_write_keeps_the_chain_and_resumes_bitwise
            "KILL_AT_WRITE": str(at_write)}
     argv = [sys.executable, "-c", textwrap.dedent(STREAM_KILLER), "train", str(spec), "--rows", "600", "--out",
             str(run), "--quiet", "--checkpoint-every", "5", "--checkpoint-full-every", "4"]
-    killed = subprocess.run(argv, cwd=tmp_path, env=env, timeout=RUN_TIMEOUT_S, capture_output=True)
+    killed = run_bounded(argv, cwd=tmp_path, env=env, timeout_s=RUN_TIMEOUT_S, capture_output=True)
     assert killed.returncode == -9, killed.stderr.decode()
     assert list(run.glob(".ckpt-*.tmp"))  # the kill left part of the second full checkpoint behind
     # full at step 5, deltas at 10, 15, 20; the full one of step 25 died while its tables were written
     assert load_checkpoint(run)["position"]["step"] == 20 and len(delta_files(run / "checkpoint.pt")) == 3
-    resumed = subprocess.run([sys.executable, "-m", "flowrec", "train", str(spec), "--resume", str(run),
-                              "--quiet"], cwd=tmp_path, env=env, timeout=RUN_TIMEOUT_S, capture_output=True)
+    resumed = run_bounded([sys.executable, "-m", "flowrec", "train", str(spec), "--resume", str(run),
+                           "--quiet"], cwd=tmp_path, env=env, timeout_s=RUN_TIMEOUT_S, capture_output=True)
     assert resumed.returncode == 0, resumed.stderr.decode()
     _assert_same_run(load_checkpoint(tmp_path / "full"), load_checkpoint(run))
     assert not list(run.glob(".ckpt-*"))

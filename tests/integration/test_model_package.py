@@ -4,7 +4,6 @@ converted with `--encoder-from`, and bad inputs are one line with exit 2."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import torch
 from typer.testing import CliRunner
 
 from flowrec.cli import app
+from flowrec.testing.processes import run_bounded
 
 SPEC = """
 name: pkg_test
@@ -154,9 +154,9 @@ def test_model_pt2_runs_with_torch_alone_and_matches_predict(package, tmp_path):
     dense, sparse = encoded_inputs(model.spec, encoded)
     torch.save({"dense": dense, "sparse": sparse}, tmp_path / "inputs.pt")
     (tmp_path / "blocked.py").write_text(BLOCKED)
-    done = subprocess.run([sys.executable, str(tmp_path / "blocked.py"), str(package["pkg"] / "model.pt2"),
-                           str(tmp_path / "inputs.pt"), str(tmp_path / "out.pt")], capture_output=True,
-                          text=True, timeout=300, cwd=tmp_path)
+    done = run_bounded([sys.executable, str(tmp_path / "blocked.py"), str(package["pkg"] / "model.pt2"),
+                        str(tmp_path / "inputs.pt"), str(tmp_path / "out.pt")], capture_output=True,
+                       text=True, timeout_s=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     got = torch.load(tmp_path / "out.pt")
     predicted = model.predict(raw)["ctr"].to_numpy()
@@ -257,9 +257,9 @@ print("SERVING:" + ",".join(sorted(m for m in sys.modules if m.startswith("flowr
 def test_scoring_a_package_imports_no_training_runtime(package, tmp_path):
     """`flowrec.load_model` + predict in a fresh interpreter: no `flowrec.runtime` module is loaded."""
     (tmp_path / "load_only.py").write_text(LOAD_ONLY)
-    done = subprocess.run([sys.executable, str(tmp_path / "load_only.py"), str(package["pkg"]),
-                           str(package["root"] / "new.csv")], capture_output=True, text=True, timeout=300,
-                          cwd=tmp_path)
+    done = run_bounded([sys.executable, str(tmp_path / "load_only.py"), str(package["pkg"]),
+                        str(package["root"] / "new.csv")], capture_output=True, text=True, timeout_s=300,
+                       cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     lines = dict(line.split(":", 1) for line in done.stdout.splitlines() if line.startswith(("RUNTIME:", "SERVING:")))
     assert "flowrec.serving.predict" in lines["SERVING"].split(",")  # the check saw the scoring path load
@@ -292,8 +292,8 @@ def test_a_dot_model_exported_by_a_fresh_process_scores(tmp_path):
     spec = tmp_path / "dot.yaml"
     spec.write_text(DOT_SPEC)
     flowrec.train(spec, out=tmp_path / "run", rows=1200, max_steps=3)
-    done = subprocess.run([sys.executable, "-c", "from flowrec.cli import main; main()", "export",
-                           str(tmp_path / "run"), str(tmp_path / "pkg")], capture_output=True, text=True, timeout=600)
+    done = run_bounded([sys.executable, "-c", "from flowrec.cli import main; main()", "export",
+                        str(tmp_path / "run"), str(tmp_path / "pkg")], capture_output=True, text=True, timeout_s=600)
     assert done.returncode == 0, done.stderr
     model = load_model(tmp_path / "pkg")  # check_archive refuses any operator that is not ATen's
     raw = pd.DataFrame({"price": [3.0, 40.0, 0.5], "user": ["a", "b", "c"], "city": ["x", "y", "x"]})

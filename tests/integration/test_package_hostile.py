@@ -8,7 +8,6 @@ import io
 import json
 import os
 import shutil
-import subprocess
 import sys
 import zipfile
 from pathlib import Path
@@ -25,6 +24,7 @@ from typer.testing import CliRunner
 from flowrec.cli import app
 from flowrec.data.layout import DataError
 from flowrec.serving.predict import load_model
+from flowrec.testing.processes import run_bounded
 
 SPEC = """
 name: pkg_hostile
@@ -242,8 +242,8 @@ def test_the_planted_payload_runs_when_torch_loads_the_archive_unchecked(case: P
     archive, or at the first call of its program)."""
     marker = case / "PWNED"
     _plant(case / "pkg", name, marker)
-    done = subprocess.run([sys.executable, "-c", PROOF, str(case / "pkg" / "model.pt2")], capture_output=True,
-                          timeout=300, cwd=case)
+    done = run_bounded([sys.executable, "-c", PROOF, str(case / "pkg" / "model.pt2")], capture_output=True,
+                       timeout_s=300, cwd=case)
     assert marker.exists(), done.stderr[-2000:]
 
 

@@ -10,6 +10,7 @@ import pytest
 
 import flowrec
 from flowrec.runtime.rundir import RunFolderError
+from flowrec.testing.processes import run_bounded
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "python.md"
 
@@ -186,15 +187,14 @@ def test_paths_under_the_home_folder_are_expanded(tmp_path: Path, monkeypatch: p
     named '~' in the working folder (pandas expands '~', the shell does it for the CLI); now the
     API's paths are expanded as pandas' are, and run.json records the data there."""
     import json
-    import subprocess
     import sys
 
     home, work = tmp_path / "home", tmp_path / "work"
     home.mkdir()
     work.mkdir()
     (home / "s.yaml").write_text((DOC.read_text().split('Path("tiny.yaml").write_text("""')[1]).split('""")')[0])
-    subprocess.run([sys.executable, "-m", "flowrec", "data", "synth", str(home / "s.yaml"), "--rows", "300", "--out",
-                    str(home / "d"), "-q"], check=True, timeout=300)
+    run_bounded([sys.executable, "-m", "flowrec", "data", "synth", str(home / "s.yaml"), "--rows", "300", "--out",
+                 str(home / "d"), "-q"], check=True, timeout_s=300)
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.chdir(work)
     run = flowrec.train("~/s.yaml", data="~/d", eval_data="~/d", out="~/runs/a", max_steps=1)
@@ -207,7 +207,6 @@ def test_a_trained_run_scores_only_data_of_its_encoder_as_a_loaded_one(tmp_path:
     """The Run `flowrec.train` returned evaluated data of another encoder without a word (wrong
     metrics: its ids mean other rows), where `flowrec.load(RUN).evaluate` refuses it, and
     `flowrec.train(out=None)` trained with such `eval_data` unchecked; now both are its DataError."""
-    import subprocess
     import sys
 
     from flowrec.data.layout import DataError
@@ -218,7 +217,7 @@ def test_a_trained_run_scores_only_data_of_its_encoder_as_a_loaded_one(tmp_path:
         f"{i % 13}.5,u{i % 7},i{i % 11},{i % 2}\n" for i in range(300)))
     for args in (["data", "synth", str(spec), "--rows", "300", "--out", str(tmp_path / "synth")],
                  ["data", "convert", "csv", str(tmp_path / "raw.csv"), str(tmp_path / "raw"), "--spec", str(spec)]):
-        subprocess.run([sys.executable, "-m", "flowrec", *args, "-q"], check=True, timeout=300)
+        run_bounded([sys.executable, "-m", "flowrec", *args, "-q"], check=True, timeout_s=300)
     for out in (tmp_path / "run", None):
         run = flowrec.train(spec, rows=500, max_steps=2, out=out)
         assert run.evaluate(tmp_path / "synth")["click"]["samples"] == 300  # synthetic rows: its own kind

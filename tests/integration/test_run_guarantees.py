@@ -20,6 +20,7 @@ from flowrec.runtime.checkpoint import checkpointer, stream, store as ckpt
 from flowrec.runtime import trainer
 from flowrec.runtime import run_log as metrics
 from flowrec.runtime.rundir import claim_new_folder
+from flowrec.testing.processes import run_bounded
 from flowrec.testing.specs import OVERFLOW_SPEC, run_spec
 
 SPEC = run_spec()
@@ -89,11 +90,11 @@ def test_stale_temp_files_are_removed_when_the_owning_run_starts(spec: Path, tmp
 
 
 def test_default_run_folders_are_claimed_without_races(tmp_path: Path):
-    barrier = threading.Barrier(8, timeout=60)  # a thread that never came: the others fail, not hang
+    barrier = threading.Barrier(8)
     claimed, locks = [], []
 
     def claim() -> None:
-        barrier.wait()
+        barrier.wait(timeout=60)  # a thread that never came: the others fail, not hang
         folder, lock = claim_new_folder(tmp_path / "runs", "job")
         claimed.append(folder.name)
         locks.append(lock)
@@ -374,7 +375,6 @@ def _signalled_run(tmp_path: Path, sig: str, where: str, *args: str, ignored: tu
     """`flowrec train ARGS` in a process that gets `sig` from itself when `where` is first called;
     `ignored`: signals ignored from its start (as `nohup` starts a command with SIGHUP)."""
     import signal
-    import subprocess
     import sys
 
     from flowrec.testing.ranks import subprocess_env
@@ -383,9 +383,9 @@ def _signalled_run(tmp_path: Path, sig: str, where: str, *args: str, ignored: tu
         for name in ignored:
             signal.signal(getattr(signal, name), signal.SIG_IGN)
 
-    return subprocess.run([sys.executable, "-c", SIGNALLED, sig, where, "train", *args], cwd=tmp_path, text=True,
-                          capture_output=True, timeout=300, env=subprocess_env(Path(__file__).resolve().parents[2]),
-                          preexec_fn=ignore if ignored else None)
+    return run_bounded([sys.executable, "-c", SIGNALLED, sig, where, "train", *args], cwd=tmp_path, text=True,
+                       capture_output=True, timeout_s=300, env=subprocess_env(Path(__file__).resolve().parents[2]),
+                       preexec_fn=ignore if ignored else None)
 
 
 def test_sighup_in_training_checkpoints_like_ctrl_c_unless_nohup_ignores_it(spec: Path, tmp_path: Path):

@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from flowrec.cli import app
 from flowrec.runtime.checkpoint import store as ckpt
 from flowrec.runtime.rundir import RunLock
+from flowrec.testing.processes import run_bounded
 from flowrec.testing.specs import run_spec
 
 SPEC = run_spec("tiny_hostile", epochs=1)
@@ -364,7 +365,6 @@ def test_a_run_killed_before_its_first_checkpoint_still_starts_again(case: Path)
 def _unprivileged() -> list[str] | None:
     """A command prefix that runs a process as the user nobody (65534), or None where that is not
     possible (not root, no setpriv, or this Python cannot run as nobody)."""
-    import subprocess
     import sys
 
     setpriv = shutil.which("setpriv")
@@ -372,9 +372,9 @@ def _unprivileged() -> list[str] | None:
         return None
     prefix = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
     try:
-        probe = subprocess.run([*prefix, sys.executable, "-c", "import flowrec, torch"], capture_output=True,
-                               timeout=120, cwd="/", env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
-    except (OSError, subprocess.TimeoutExpired):
+        probe = run_bounded([*prefix, sys.executable, "-c", "import flowrec, torch"], capture_output=True,
+                            timeout_s=120, cwd="/", env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
+    except (OSError, AssertionError):  # not started, or past its deadline (run_bounded killed it and said so)
         return None
     return prefix if probe.returncode == 0 else None
 
@@ -383,7 +383,6 @@ def _unprivileged() -> list[str] | None:
 def test_out_on_a_read_only_folder_is_one_line_before_training_and_leaves_nothing(inside):
     # untested: we run as root, to whom every folder is writable; a user's --out on a folder they may
     # not write must be one line before anything is read or trained, and leave nothing behind
-    import subprocess
     import sys
     import tempfile
 
@@ -402,9 +401,9 @@ def test_out_on_a_read_only_folder_is_one_line_before_training_and_leaves_nothin
         out = read_only / "run" if inside else read_only
         env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2]), "HOME": str(home), "TMPDIR": str(home),
                "OMP_NUM_THREADS": "1"}
-        done = subprocess.run([*prefix, sys.executable, "-m", "flowrec", "train", "spec.yaml", "--rows", "200",
-                               "--out", str(out), "--quiet"], cwd=cwd, env=env, capture_output=True, text=True,
-                              timeout=300)
+        done = run_bounded([*prefix, sys.executable, "-m", "flowrec", "train", "spec.yaml", "--rows", "200",
+                            "--out", str(out), "--quiet"], cwd=cwd, env=env, capture_output=True, text=True,
+                           timeout_s=300)
         lines = done.stderr.strip().splitlines()
         assert done.returncode == 2, done.stderr
         assert len(lines) == 1 and lines[0].startswith("error: ") and str(out) in lines[0], done.stderr

@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from flowrec.cli import app
 from flowrec.runtime.checkpoint.store import load_checkpoint
+from flowrec.testing.processes import run_bounded
 from flowrec.testing.specs import run_spec
 
 SPEC = run_spec("tiny_kill", batch_size=16)
@@ -93,8 +94,8 @@ def test_sigkill_at_random_moments_then_the_printed_command_ends_bitwise_equal(t
         argv = _printed_command(log) or argv
     assert killed >= KILLS // 2 and resumed >= 3  # attempts really died, several of them resumed ones
 
-    final = subprocess.run(argv, cwd=tmp_path, timeout=RUN_TIMEOUT_S, capture_output=True,
-                           env={**os.environ, "PYTHONPATH": str(REPO)})
+    final = run_bounded(argv, cwd=tmp_path, timeout_s=RUN_TIMEOUT_S, capture_output=True,
+                        env={**os.environ, "PYTHONPATH": str(REPO)})
     assert final.returncode == 0, final.stderr.decode()
     full, cut = load_checkpoint(tmp_path / "full"), load_checkpoint(run)
     assert cut["position"] == full["position"] and cut["position"]["step"] == STEPS

@@ -8,11 +8,12 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from flowrec.testing.processes import run_bounded
 
 REPO = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("bench_calibration_noise", REPO / "tools" / "bench_calibration_noise.py")
@@ -81,10 +82,10 @@ def test_a_real_run_measures_both_settings_with_their_own_rounds_and_blocks(tmp_
     them); the calibration's are its own, and every predicted step is a real, positive price."""
     out = tmp_path / "noise.json"
     env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, str(REPO / "tools" / "bench_calibration_noise.py"),
-                           "--spec", str(REPO / "specs" / "custom_module.yaml"), "--repeats", "1",
-                           "--baseline-rounds", "1", "--baseline-blocks", "2", "--seconds", "0.05", "--json", str(out)],
-                          capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    proc = run_bounded([sys.executable, str(REPO / "tools" / "bench_calibration_noise.py"),
+                        "--spec", str(REPO / "specs" / "custom_module.yaml"), "--repeats", "1",
+                        "--baseline-rounds", "1", "--baseline-blocks", "2", "--seconds", "0.05", "--json", str(out)],
+                       capture_output=True, text=True, timeout_s=600, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert doc["benchmark"] == "calibration_noise" and doc["spec"] == "custom_module.yaml"

@@ -7,7 +7,6 @@ import importlib.util
 import json
 import math
 import random
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -16,6 +15,7 @@ import pytest
 
 from flowrec.measure.robust import SchedClock as robust_clock
 from flowrec.spec import load_spec
+from flowrec.testing.processes import run_bounded
 
 REPO = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("bench_costmodel", REPO / "tools" / "bench_costmodel.py")
@@ -44,8 +44,8 @@ def test_parts_merge_into_one_result_with_the_ratios_of_all_rows(tmp_path):
     second = _part(tmp_path / "b.json", [_row("c.yaml", 0.07, -0.15), {"spec": "d.yaml", "error": "failed"}])
     rerun = _part(tmp_path / "c.json", [_row("b.yaml", -0.08)])
     out = tmp_path / "all.json"
-    done = subprocess.run([sys.executable, "tools/bench_costmodel.py", "--merge", f"{first},{second},{rerun}",
-                           "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    done = run_bounded([sys.executable, "tools/bench_costmodel.py", "--merge", f"{first},{second},{rerun}",
+                        "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout_s=120)
     assert done.returncode == 0, done.stderr
     doc = json.loads(out.read_text())
     assert [r["spec"] for r in doc["specs"]] == ["a.yaml", "b.yaml", "c.yaml", "d.yaml"]
@@ -65,9 +65,9 @@ def test_parts_merge_into_one_result_with_the_ratios_of_all_rows(tmp_path):
 def test_parts_of_different_runs_are_refused_in_one_line(tmp_path, other):
     first = _part(tmp_path / "a.json", [_row("a.yaml", 0.01)])
     second = _part(tmp_path / "b.json", [_row("b.yaml", 0.02)], **other)
-    done = subprocess.run([sys.executable, "tools/bench_costmodel.py", "--merge", f"{first},{second}",
-                           "--json", str(tmp_path / "all.json")], cwd=REPO, capture_output=True, text=True,
-                          timeout=120)
+    done = run_bounded([sys.executable, "tools/bench_costmodel.py", "--merge", f"{first},{second}",
+                        "--json", str(tmp_path / "all.json")], cwd=REPO, capture_output=True, text=True,
+                       timeout_s=120)
     assert done.returncode == 2 and str(second) in done.stderr and len(done.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "all.json").exists()
 
@@ -148,21 +148,21 @@ def test_a_spec_run_under_another_budget_keeps_a_row_per_budget(tmp_path):
     first = _part(tmp_path / "a.json", [row("64MiB", 0.21), row("none", -0.12)], other_budget="none")
     rerun = _part(tmp_path / "b.json", [row("none", -0.04)], other_budget="none")
     out = tmp_path / "all.json"
-    done = subprocess.run([sys.executable, "tools/bench_costmodel.py", "--merge", f"{first},{rerun}",
-                           "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    done = run_bounded([sys.executable, "tools/bench_costmodel.py", "--merge", f"{first},{rerun}",
+                        "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout_s=120)
     assert done.returncode == 0, done.stderr
     doc = json.loads(out.read_text())
     assert [(r["run_device_budget"], r["step_error"]) for r in doc["specs"]] == [("64MiB", 0.21), ("none", -0.04)]
     assert doc["ratios"]["costmodel_max_step_error"] == pytest.approx(0.21) and doc["other_budget"] == "none"
     plain = _part(tmp_path / "c.json", [_row("m.yaml", 0.01)])  # a run without --other-budget: another run
-    done = subprocess.run([sys.executable, "tools/bench_costmodel.py", "--merge", f"{first},{plain}",
-                           "--json", str(tmp_path / "x.json")], cwd=REPO, capture_output=True, text=True, timeout=120)
+    done = run_bounded([sys.executable, "tools/bench_costmodel.py", "--merge", f"{first},{plain}",
+                        "--json", str(tmp_path / "x.json")], cwd=REPO, capture_output=True, text=True, timeout_s=120)
     assert done.returncode == 2 and str(plain) in done.stderr
 
 
 def test_another_budget_that_is_not_a_size_is_one_line(tmp_path):
-    done = subprocess.run([sys.executable, "tools/bench_costmodel.py", "--other-budget", "lots", "--specs", "movielens.yaml",
-                           "--json", str(tmp_path / "r.json")], cwd=REPO, capture_output=True, text=True, timeout=120)
+    done = run_bounded([sys.executable, "tools/bench_costmodel.py", "--other-budget", "lots", "--specs", "movielens.yaml",
+                        "--json", str(tmp_path / "r.json")], cwd=REPO, capture_output=True, text=True, timeout_s=120)
     assert done.returncode == 2 and "--other-budget: 'lots' is not a size" in done.stderr.strip().splitlines()[-1]
     assert not (tmp_path / "r.json").exists()
 
@@ -204,8 +204,8 @@ def test_a_rerun_replaces_a_row_from_before_rows_recorded_their_budget(tmp_path)
     old = _part(tmp_path / "old.json", [_row("w.yaml", 0.25), _row("v.yaml", 0.02)])
     rerun = _part(tmp_path / "new.json", [{**_row("w.yaml", 0.01), "run_device_budget": "64MiB"}])
     out = tmp_path / "all.json"
-    done = subprocess.run([sys.executable, "tools/bench_costmodel.py", "--merge", f"{old},{rerun}",
-                           "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    done = run_bounded([sys.executable, "tools/bench_costmodel.py", "--merge", f"{old},{rerun}",
+                        "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout_s=120)
     assert done.returncode == 0, done.stderr
     doc = json.loads(out.read_text())
     assert [(r["spec"], r["step_error"]) for r in doc["specs"]] == [("v.yaml", 0.02), ("w.yaml", 0.01)]
@@ -419,8 +419,8 @@ def test_a_long_step_gets_the_pairs_asked_for(repo, tmp_path, monkeypatch, min_r
 ])
 def test_bad_pair_and_spec_arguments_fail_before_any_calibration(tmp_path, argv, message):
     out = tmp_path / "r.json"
-    done = subprocess.run([sys.executable, "tools/bench_costmodel.py", *argv, "--json", str(out)], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+    done = run_bounded([sys.executable, "tools/bench_costmodel.py", *argv, "--json", str(out)], cwd=REPO,
+                       capture_output=True, text=True, timeout_s=120)
     assert done.returncode == 2 and message in done.stderr, done.stderr
     assert not out.exists()
 
@@ -552,8 +552,8 @@ def test_pool_judges_a_spec_on_the_pairs_of_every_part_that_measured_it(tmp_path
                          **INTERLEAVED), None)  # a part from before results recorded their code
     second = _coded(_part(tmp_path / "r33.json", [_pairs_row("a.yaml", second_a)], **INTERLEAVED), _code("a"))
     out = tmp_path / "all.json"
-    done = subprocess.run([sys.executable, "tools/bench_costmodel.py", "--merge", f"{first},{second}", "--pool",
-                           "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    done = run_bounded([sys.executable, "tools/bench_costmodel.py", "--merge", f"{first},{second}", "--pool",
+                        "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout_s=120)
     assert done.returncode == 0, done.stderr
     doc = json.loads(out.read_text())
     a, row_b = doc["specs"]
@@ -613,8 +613,8 @@ def test_pool_refuses_what_would_not_be_one_model_measured_on_fresh_runs(tmp_pat
     plain = _part(tmp_path / "plain.json", [_row("a.yaml", 0.04)])
     with pytest.raises(SystemExit, match="without --interleave"):
         bench.merge([plain], pool=True)
-    done = subprocess.run([sys.executable, "tools/bench_costmodel.py", "--pool", "--json", str(tmp_path / "x.json")],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    done = run_bounded([sys.executable, "tools/bench_costmodel.py", "--pool", "--json", str(tmp_path / "x.json")],
+                       cwd=REPO, capture_output=True, text=True, timeout_s=120)
     assert done.returncode == 2 and "--pool" in done.stderr and "--merge" in done.stderr
 
 
@@ -627,9 +627,9 @@ def test_model_code_names_the_trees_of_the_model_folders_and_changes_to_them(tmp
     (repo / "docs.md").write_text("notes\n")
 
     def git(*args: str) -> str:
-        done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=60,
-                              env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-                                   "GIT_COMMITTER_EMAIL": "t@t", "HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})
+        done = run_bounded(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout_s=60,
+                           env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+                                "GIT_COMMITTER_EMAIL": "t@t", "HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})
         assert done.returncode == 0, done.stderr
         return done.stdout.strip()
 
@@ -750,8 +750,8 @@ def test_until_decided_adds_pairs_while_the_interval_straddles_the_goal(repo, tm
 
 
 def test_until_decided_needs_interleave(tmp_path):
-    done = subprocess.run([sys.executable, "tools/bench_costmodel.py", "--until-decided", "--specs", "movielens.yaml",
-                           "--json", str(tmp_path / "x.json")], cwd=REPO, capture_output=True, text=True, timeout=120)
+    done = run_bounded([sys.executable, "tools/bench_costmodel.py", "--until-decided", "--specs", "movielens.yaml",
+                        "--json", str(tmp_path / "x.json")], cwd=REPO, capture_output=True, text=True, timeout_s=120)
     assert done.returncode == 2 and "--until-decided" in done.stderr and "--interleave" in done.stderr
     assert not (tmp_path / "x.json").exists()
 

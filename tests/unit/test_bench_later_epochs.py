@@ -8,11 +8,12 @@ import importlib.util
 import json
 import os
 import random
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from flowrec.testing.processes import run_bounded
 
 REPO = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("bench_later_epochs", REPO / "tools" / "bench_later_epochs.py")
@@ -94,10 +95,10 @@ def test_a_real_run_times_every_epoch_of_both_runs(tmp_path: Path):
     each epoch kind's step and error is a real, positive measurement against the plan's step."""
     out = tmp_path / "epochs.json"
     env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, str(REPO / "tools" / "bench_later_epochs.py"),
-                           "--specs", "custom_module.yaml", "--epochs", "2", "--min-batches", "4",
-                           "--max-batches", "4", "--json", str(out)],
-                          capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    proc = run_bounded([sys.executable, str(REPO / "tools" / "bench_later_epochs.py"),
+                        "--specs", "custom_module.yaml", "--epochs", "2", "--min-batches", "4",
+                        "--max-batches", "4", "--json", str(out)],
+                       capture_output=True, text=True, timeout_s=600, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(out.read_text())
     (row,) = doc["rows"]

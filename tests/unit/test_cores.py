@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from flowrec.data.cores import cgroup_quota, thread_budget, usable_cores
+from flowrec.testing.processes import run_bounded
 
 
 def _v2(tmp_path: Path, limits: dict[str, str], member: str = "/user.slice/job") -> tuple[Path, Path]:
@@ -102,7 +103,6 @@ def test_a_users_omp_threads_survive_the_first_sparse_update(tmp_path):
     set the OpenMP threads of the thread that started it to all the cores, so torch ran two-thread
     kernels from then on. The update now starts the pool and puts torch's count back, without
     setting numba's (numba refuses a change once its threads run)."""
-    import subprocess
     import sys
 
     code = (
@@ -119,8 +119,8 @@ def test_a_users_omp_threads_survive_the_first_sparse_update(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS")}
     env["OMP_NUM_THREADS"] = "1"
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180,
-                         cwd=tmp_path)
+    out = run_bounded([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout_s=180,
+                      cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     before, after, pool, numba_env = out.stdout.split()
     assert (before, after, numba_env) == ("1", "1", "None")  # numba's own count left unset

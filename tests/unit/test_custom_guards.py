@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from flowrec.cli import app
 from flowrec.runtime.checkpoint.store import load_checkpoint
+from flowrec.testing.processes import run_bounded
 from operators import custom_checks
 from operators.custom_checks import one_row_refusal
 from operators.custom_code import build_custom
@@ -215,14 +216,13 @@ def test_os_exit_is_refused_within_the_guard_and_restored_after(tmp_path):
 @pytest.mark.parametrize("where", ["import", "step"])
 def test_os_exit_in_a_class_file_ends_flowrec_with_a_failure_and_one_line(tmp_path, where):
     """`os._exit(0)` cannot be caught: it ended `flowrec train` with status 0 and no word."""
-    import subprocess
     import sys
 
     path = exiting_class(tmp_path, where, "os")
     run = tmp_path / "run"
-    done = subprocess.run([sys.executable, "-m", "flowrec", "train", str(spec_file(tmp_path, f"{path}:Bye")),
-                           "--rows", str(random.randrange(300, 500)), "--out", str(run), "-q", "--device", "cpu"],
-                          capture_output=True, text=True, timeout=600)
+    done = run_bounded([sys.executable, "-m", "flowrec", "train", str(spec_file(tmp_path, f"{path}:Bye")),
+                        "--rows", str(random.randrange(300, 500)), "--out", str(run), "-q", "--device", "cpu"],
+                       capture_output=True, text=True, timeout_s=600)
     assert done.returncode == 2, (done.stdout, done.stderr)
     lines = [line for line in done.stderr.splitlines() if "tried to end the process: os._exit(0)" in line]
     assert len(lines) == 1 and f"{path}:Bye" in lines[0], done.stderr
@@ -535,14 +535,13 @@ def test_a_dry_run_that_would_build_a_module_too_large_for_the_cpu_is_refused_in
 def test_a_ranks_share_of_one_row_skips_that_step_on_every_rank(tmp_path, classes):
     """Under --nproc 2 a last global batch of 3 rows gives one rank 1 row: that rank's forward
     raised while the other waited in the step's collectives."""
-    import subprocess
     import sys
 
     spec = spec_file(tmp_path, f"{classes}:Normed")
     rows = BATCH * random.randrange(2, 4) + 3
     run = tmp_path / "run"
-    done = subprocess.run([sys.executable, "-m", "flowrec", "train", str(spec), "--rows", str(rows), "--out", str(run),
-                           "-q", "--device", "cpu", "--nproc", "2"], capture_output=True, text=True, timeout=600)
+    done = run_bounded([sys.executable, "-m", "flowrec", "train", str(spec), "--rows", str(rows), "--out", str(run),
+                        "-q", "--device", "cpu", "--nproc", "2"], capture_output=True, text=True, timeout_s=600)
     assert done.returncode == 0, (done.stdout, done.stderr)
     lines = [line for line in done.stderr.splitlines() if "cannot train on one row" in line]
     assert len(lines) == 1 and f"3 of {rows:,} rows were skipped" in lines[0], done.stderr

@@ -19,6 +19,7 @@ from flowrec.runtime.custom import resolve_custom
 from flowrec.runtime.lowering import lower
 from flowrec.spec import spec_from_dict
 from flowrec.spec.errors import SpecError
+from flowrec.testing.processes import run_bounded
 from operators.custom_code import import_class
 
 BLOCKS = textwrap.dedent('''
@@ -719,13 +720,12 @@ def test_a_thread_a_class_file_leaves_running_is_named_and_not_waited_for(tmp_pa
 def test_a_command_whose_class_file_left_a_thread_running_ends(tmp_path):
     """`flowrec plan` and `train` of a class file that starts a thread at its top level and never
     ends it did their work, then never exited (the interpreter waited for the thread)."""
-    import subprocess
     import sys
 
     (tmp_path / "threaded.py").write_text(THREADED)
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec_doc("threaded.py:Busy", {"in_features": 9})))
-    done = subprocess.run([sys.executable, "-m", "flowrec", "plan", "s.yaml"], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=300)  # a guard against the hang, not a timing
+    done = run_bounded([sys.executable, "-m", "flowrec", "plan", "s.yaml"], cwd=tmp_path, capture_output=True,
+                       text=True, timeout_s=300)  # a guard against the hang, not a timing
     assert done.returncode == 0 and "stages:" in done.stdout, done.stderr[-2000:]
     assert ("note: not waiting for the threads a custom module class started and left running: 'prefetcher' "
             f"(started while importing {tmp_path / 'threaded.py'}:Busy)") in done.stderr, done.stderr[-2000:]

@@ -18,6 +18,7 @@ from flowrec.data.output import staged_output
 from flowrec.data.sources import LINE_COLUMN
 from flowrec.data.synth import SynthConfig, rank_to_row, synth_table
 from flowrec.spec import spec_from_dict
+from flowrec.testing.processes import run_bounded
 
 OPT = {"dense": {"name": "adam", "lr": 0.01}, "sparse": {"name": "sgd", "lr": 0.1}}
 
@@ -383,7 +384,6 @@ def test_a_check_record_temp_file_a_kill_left_is_removed_by_the_next_save(tmp_pa
     dataset folder for good. It is now written as every output is (`atomic_output`): the temp
     name carries the process and machine, and the next save removes one a dead process of this
     machine left, never a live process's, nor the record."""
-    import subprocess
     import sys
 
     from flowrec.data.checked import RECORD_FILE
@@ -395,8 +395,8 @@ def test_a_check_record_temp_file_a_kill_left_is_removed_by_the_next_save(tmp_pa
     rng = np.random.default_rng()
     rows = int(rng.integers(40, 120))
     synth_dataset(spec, tmp_path / "d", rows, rows_per_file=16)
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                          text=True, timeout=60, check=True).stdout.strip()  # a PID that no longer runs
+    dead = run_bounded([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                       text=True, timeout_s=60, check=True).stdout.strip()  # a PID that no longer runs
     stem, suffix = RECORD_FILE.rsplit(".", 1)
     left = tmp_path / "d" / f".{stem}.{dead}-{host_tag()}-{rng.bytes(4).hex()}.tmp.{suffix}"
     left.write_text('{"half": ')

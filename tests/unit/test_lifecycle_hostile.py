@@ -1069,10 +1069,10 @@ def test_bound_data_is_encoded_once_by_two_runs_started_together(tmp_path: Path,
 
     monkeypatch.setattr(convert_module, "convert", slow_convert)
     loaded, results, notes = load_spec(spec_path), [], []
-    start = threading.Barrier(2, timeout=60)  # a thread that never came: the other fails, not hangs
+    start = threading.Barrier(2)
 
     def run() -> None:
-        start.wait()
+        start.wait(timeout=60)  # a thread that never came: the other fails, not hangs
         try:
             results.append(bound_dataset(loaded, spec_path, None, notes.append))
         except Exception as exc:  # noqa: BLE001 - the test reports it

@@ -2,18 +2,19 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
+
+from flowrec.testing.processes import run_bounded
 
 
 @pytest.mark.slow
 def test_bench_quick_writes_report(repo, tmp_path):
     out = tmp_path / "bench.json"
-    proc = subprocess.run([sys.executable, "-W", "ignore", str(repo / "tools" / "bench_ops.py"),
-                           "--quick", "--json", str(out), "--device", "cpu"],
-                          capture_output=True, text=True, timeout=300, cwd=repo)
+    proc = run_bounded([sys.executable, "-W", "ignore", str(repo / "tools" / "bench_ops.py"),
+                        "--quick", "--json", str(out), "--device", "cpu"],
+                       capture_output=True, text=True, timeout_s=300, cwd=repo)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(out.read_text())
     assert set(report["ratios"]) == {"packed_vs_dense_grad_f26", "packed_vs_floor_f26",

@@ -21,6 +21,7 @@ from flowrec.data.output_guard import (
     replace_folder,
 )
 from flowrec.spec.json_doc import parse_json_text
+from flowrec.testing.processes import run_bounded
 
 
 def test_the_marker_files_are_the_owners_own_names():
@@ -415,11 +416,10 @@ def test_eval_refuses_its_json_output_before_reading_the_run(tmp_path: Path, mon
 
 def _dead_pid() -> int:
     """The pid of a process that has ended (and was waited for)."""
-    import subprocess
     import sys
 
-    return int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                              text=True, timeout=60).stdout)
+    return int(run_bounded([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                           text=True, timeout_s=60).stdout)
 
 
 def test_temp_files_a_killed_command_left_are_removed_by_the_next_write_of_that_file(tmp_path: Path):
@@ -559,7 +559,6 @@ def test_a_kill_between_the_renames_of_a_swap_leaves_the_old_output_put_back(tmp
     the user's old dataset, as a leftover. It is now renamed back to OUT, in one line. A set-aside
     link (an older flowrec's) is removed, never the folder it names."""
     import random
-    import subprocess
     import sys
 
     from flowrec.data.output_guard import remove_leftovers
@@ -584,7 +583,7 @@ os.rename = killed_at_the_second
 with staged_output(Path({str(tmp_path / 'ds')!r}), overwrite=True) as tmp:
     (tmp / "part-0.parquet").write_bytes(os.urandom(77))
 """
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    done = run_bounded([sys.executable, "-c", script], capture_output=True, text=True, timeout_s=120)
     assert done.returncode == -9, done.stderr
     assert not (tmp_path / "ds").exists() and len(list(tmp_path.iterdir())) == 2  # .ds.old-*, .ds.partial-*
     elsewhere = tmp_path / "kept"

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from flowrec.serving.pt2_save import save_program, zero_copy_supported
+from flowrec.testing.processes import run_bounded
 
 
 class _Tables(torch.nn.Module):
@@ -72,10 +73,9 @@ def test_a_write_that_fails_is_an_exception_not_an_abort_at_exit(tmp_path: Path)
     """A full disk while model.pt2 was written printed export's one-line error, then the process
     aborted (exit 134, 'terminate called after throwing an instance of c10::Error'): torch left the
     archive open and its C++ destructor failed again at teardown."""
-    import subprocess
     import sys
 
     code = FAILED_WRITE.format(test_dir=str(Path(__file__).parent), out=str(tmp_path / "model.pt2"))
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    done = run_bounded([sys.executable, "-c", code], capture_output=True, text=True, timeout_s=120)
     assert "failed:" in done.stdout and done.returncode == 2, (done.returncode, done.stdout, done.stderr[-2000:])
     assert "terminate called" not in done.stderr

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from flowrec.cli import app
 from flowrec.runtime.checkpoint import store as ckpt
+from flowrec.testing.processes import run_bounded
 
 runner = CliRunner()
 
@@ -146,7 +147,6 @@ def test_eval_and_resume_of_a_model_without_dropout_never_import_dynamo(tmp_path
     """`flowrec eval RUN` and `--resume` imported torch._dynamo (3-6 s of a 20-40 s eval of dlrm_criteo
     on the 2-core VM) for nothing: `@torch.compiler.disable` on the dropout's mask, at import; the mask
     is wrapped when the first dropout is made, so a model without dropout never imports it."""
-    import subprocess
     import sys
 
     monkeypatch.chdir(tmp_path)
@@ -161,7 +161,7 @@ def test_eval_and_resume_of_a_model_without_dropout_never_import_dynamo(tmp_path
             "from operators.regularize import SeededDropout\n"
             "drop = SeededDropout(0.25)\n"
             "print('torch._dynamo' in sys.modules, SeededDropout._keep is not getattr(SeededDropout, '_keep_mask', None))\n")
-    out = subprocess.run([sys.executable, "-c", code, str(run)], capture_output=True, text=True, timeout=600)
+    out = run_bounded([sys.executable, "-c", code, str(run)], capture_output=True, text=True, timeout_s=600)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "True", "True"], out.stdout
 

@@ -6,6 +6,7 @@ import sys
 import pytest
 
 from flowrec.runtime.hostmem import tune_host_allocator
+from flowrec.testing.processes import run_bounded
 
 
 def test_opt_out(monkeypatch):
@@ -46,13 +47,12 @@ def test_a_block_above_the_mmap_threshold_is_reused_not_faulted_in_again(tmp_pat
     heap holds the steps' blocks: its 16,384 pages are not faulted in (and zeroed by the kernel)
     again every step, as they are without tuning."""
     import os
-    import subprocess
 
     pages = (64 << 20) // os.sysconf("SC_PAGE_SIZE")
     out = {}
     for tuning in ("1", "0"):
         env = {**os.environ, "FLOWREC_MALLOC_TUNING": tuning, "OMP_NUM_THREADS": "1"}
-        done = subprocess.run([sys.executable, "-c", _FAULTS], env=env, capture_output=True, text=True, timeout=120)
+        done = run_bounded([sys.executable, "-c", _FAULTS], env=env, capture_output=True, text=True, timeout_s=120)
         assert done.returncode == 0, done.stderr[-2000:]
         applied, last, fewest = done.stdout.split()
         out[tuning] = (applied, int(last), int(fewest))

@@ -17,6 +17,7 @@ import yaml
 
 from flowrec.data.layout import DataError
 from flowrec.serving.predict import load_model
+from flowrec.testing.processes import run_bounded
 from package_flow import invoke, train_and_export
 
 USER = "us\u00e9r id"  # the package's raw user column (é written as one code point, NFC)
@@ -134,12 +135,11 @@ def test_a_row_of_150000_columns_is_scored_and_a_column_named_twice_among_them_i
     is scored and a column named twice among them is still one line naming it. (A hang guard, as
     test_cli_spec_hostile's FIFO test: the process is ended after SUBPROCESS_TIMEOUT_S.)"""
     import os
-    import subprocess
     import sys
 
     repo = Path(__file__).parents[2]
-    proc = subprocess.run([sys.executable, "-c", WIDE_ROW, str(pkg), "150000", USER], capture_output=True, text=True,
-                          timeout=SUBPROCESS_TIMEOUT_S, env={**os.environ, "PYTHONPATH": str(repo)}, cwd=repo)
+    proc = run_bounded([sys.executable, "-c", WIDE_ROW, str(pkg), "150000", USER], capture_output=True, text=True,
+                       timeout_s=SUBPROCESS_TIMEOUT_S, env={**os.environ, "PYTHONPATH": str(repo)}, cwd=repo)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.splitlines() == ["1", "DataError the rows name column 'c7' twice: drop or rename one"]
 

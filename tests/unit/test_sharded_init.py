@@ -6,13 +6,13 @@ killer before training."""
 from __future__ import annotations
 
 import random
-import subprocess
 import sys
 from pathlib import Path
 
 import torch
 
 from flowrec.graph.types import GroupField, PackedGroup, TableSlot
+from flowrec.testing.processes import run_bounded
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,8 +49,8 @@ def test_a_rank_draws_its_share_without_holding_a_whole_table() -> None:
             f"(GroupField('f', 't0', 1, 'sum'),)); before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss; "
             f"out = initial_local_rows(g, 2, 0, 3, torch.float32); assert out.shape == ({rows // 2}, {dim}); "
             f"print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)")
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+    done = run_bounded([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout_s=300,
+                       env={"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
     assert done.returncode == 0, done.stderr[-2000:]
     grew = int(done.stdout.split()[-1])
     assert grew < rows * dim * 4, f"{grew / 2**20:.0f} MiB above the start"  # less than the whole table

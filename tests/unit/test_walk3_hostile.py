@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flowrec.cli import app
+from flowrec.testing.processes import run_bounded
 
 runner = CliRunner()
 
@@ -112,14 +113,13 @@ def test_a_python_script_that_reads_a_csv_exits_0(tmp_path: Path):
     abort at the interpreter's exit now and then (exit 134: an Arrow IO thread released the
     reader's Python row handler during finalization; about 1 run in 8 with torch loaded)."""
     import os
-    import subprocess
     import sys
 
     path = _small_csv(tmp_path)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     for _ in range(4):
-        done = subprocess.run([sys.executable, "-c", READ_AND_EXIT, str(path)], capture_output=True,
-                              text=True, timeout=120, env=env)
+        done = run_bounded([sys.executable, "-c", READ_AND_EXIT, str(path)], capture_output=True,
+                           text=True, timeout_s=120, env=env)
         assert done.returncode == 0, (done.returncode, done.stderr[-500:])
         rows, first = map(int, done.stdout.split())
         assert rows == 40 and 1 <= first < 40, done.stdout

@@ -13,6 +13,7 @@ import pytest
 from flowrec.data import sources
 from flowrec.data.error_log import ErrorLog
 from flowrec.data.layout import META_FILE, DataError
+from flowrec.testing.processes import run_bounded
 
 
 def _encoded(tmp_path: Path) -> Path:
@@ -190,14 +191,13 @@ def test_two_exports_to_one_folder_stage_apart_and_a_killed_ones_staging_is_remo
     .pkg.export-tmp does not exist'). Each export now stages in a folder of its own; one left by an
     export that no longer runs (killed) is removed, one of a running export is left alone."""
     import os
-    import subprocess
     import sys
 
     from flowrec.cli.export_cmd import _staging_folder
     from flowrec.data.output_guard import host_tag
 
-    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
-                          timeout=120)
+    done = run_bounded([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                       timeout_s=120)
     dead, h = int(done.stdout), host_tag()
     for name in (f".pkg.export-{dead}-{h}-00000000", f".pkg.export-{os.getppid()}-{h}-11111111"):
         (tmp_path / name).mkdir()

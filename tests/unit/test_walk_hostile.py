@@ -11,6 +11,7 @@ import pytest
 
 from flowrec.data import sources
 from flowrec.data.error_log import ErrorLog
+from flowrec.testing.processes import run_bounded
 from flowrec.testing.specs import csv_spec
 
 
@@ -274,7 +275,6 @@ def test_a_run_folder_named_with_a_line_break_prints_one_line_and_a_resume_comma
     """`train --out 'r<newline>un'` printed 'run folder r' and 'un; if it stops, ...' on two lines.
     Escaping the status line alone would print `--resume 'r\\nun'`, which names another folder;
     the command's words now use bash's $'...' quoting where they hold a line break."""
-    import subprocess
 
     from flowrec.cli.train_cmds import _resume_command, _say
 
@@ -284,8 +284,8 @@ def test_a_run_folder_named_with_a_line_break_prints_one_line_and_a_resume_comma
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and command in err
     word = command.split(" --resume ")[1]
-    assert subprocess.run(["bash", "-c", f"printf %s {word}"], capture_output=True, text=True,
-                          timeout=120).stdout == str(folder)
+    assert run_bounded(["bash", "-c", f"printf %s {word}"], capture_output=True, text=True,
+                       timeout_s=120).stdout == str(folder)
 
 
 def test_a_success_line_naming_a_file_with_a_line_break_is_one_line(tmp_path: Path) -> None:
