@@ -357,6 +357,8 @@ def _ranks_asked(spec: Any, out: Any, resume: Any, nproc: Any, max_restarts: Any
     return nproc
 
 
+# train()'s defaults that mean "not given": a resume keeps the run's own, the ranks get no flag for them
+GIVEN_DEFAULTS = {"rows": DEFAULT_ROWS, "device": "auto", "checkpoint_every": 0}
 RANK_FLAGS = {"data": "--data", "eval_data": "--eval-data", "epochs": "--epochs", "max_steps": "--max-steps",
               "eval_every": "--eval-every", "checkpoint_every": "--checkpoint-every", "device": "--device",
               "device_budget": "--device-budget", "rows": "--rows", "seed": "--seed",
@@ -455,10 +457,9 @@ def _rank_args(spec: str | Path, folder: Path, resumed: bool, overwrite: bool, g
     word = str(Path(spec).expanduser())
     args = ["./" + word if word.startswith("-") else word, f"{'--resume' if resumed else '--out'}={folder}"]
     args += ["--overwrite"] if overwrite else []
-    defaults = {"rows": DEFAULT_ROWS, "device": "auto", "checkpoint_every": 0}
     for key, flag in RANK_FLAGS.items():
         value = given.get(key)
-        if value is None or (key in defaults and value == defaults[key]) or (key == "rows" and on_data):
+        if value is None or (key in GIVEN_DEFAULTS and value == GIVEN_DEFAULTS[key]) or (key == "rows" and on_data):
             continue
         args.append(f"{flag}={value}")
     return args + ([] if progress else ["-q"])
@@ -498,8 +499,8 @@ def _checkpoint_step(folder: Path) -> int | None:
 
 def _given_again(given: dict[str, Any]) -> dict[str, Any]:
     """The options of a resume as given: one left at its default is None (the run keeps its own)."""
-    defaults = {"rows": DEFAULT_ROWS, "device": "auto", "checkpoint_every": 0}
-    return {key: None if key in defaults and value == defaults[key] else value for key, value in given.items()}
+    return {key: None if key in GIVEN_DEFAULTS and value == GIVEN_DEFAULTS[key] else value
+            for key, value in given.items()}
 
 
 def _warn_rows_ignored(rows: int, settings: dict[str, Any], spec: ModelSpec, stacklevel: int = 3) -> None:
