@@ -8,7 +8,14 @@ ids are concatenated and each shifted by its table's first row in the group's ta
 laid out field by field (bag k * B + b), and the (K * B, D) output read as (B, K, D). Each bag sums
 (or averages) the same rows in the same order as the lookup of its own table did, so the scores
 are bitwise those of one lookup per field. An id outside its own table is refused, as that lookup
-refused it (a packed table would otherwise read a neighbour's row without a word).
+refused it (a packed table would otherwise read a neighbour's row without a word), and so are a
+feature's offsets that are not its bags' bounds (0 first, never decreasing, its id count last): a
+field's bags are found in the joined ids from its offsets, so offsets that end before or past its
+ids took ids of the next field (or left its own to the next), with a sum or mean and no error,
+where the lookup of its own table erred or kept them apart. Each id carries its field's number in
+the bits above its row (`FIELD_BITS`), so the check counts each field's ids from the joined ids at
+run time, with a few graph nodes per lookup and none per field (each field's id count read as a
+size took two nodes per field: 404 more in a 200-field group).
 
 Example:
     >>> lookup = GroupLookup(group.fields, {"user": (0, 300), "city": (300, 40)})  # doctest: +SKIP
@@ -23,7 +30,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-OUT_OF_RANGE = "an id is outside its table, or a feature's offsets do not start at 0"
+OUT_OF_RANGE = "an id is outside its table (ids are table-local: 0 <= id < the table's rows)"
+BAD_OFFSETS = ("a feature's offsets are not its bags' bounds (B + 1 of them: 0 first, never decreasing, "
+               "its number of ids last)")
+FIELD_BITS = 40  # bits of a coded id that hold its row in the group's table; the bits above, its field in the run
 
 
 @dataclass(frozen=True)
@@ -61,49 +71,68 @@ class GroupLookup(nn.Module):
         sparse: feature -> (ids, offsets): table-local ids and bag boundaries, one bag per
             sample (include_last_offset).  # (nnz,), (B + 1,)
         Returns the fields side by side, float32.  # (B, S, D)
+        Raises RuntimeError (one line: `OUT_OF_RANGE`, `BAD_OFFSETS`) for an id outside its
+        field's table, or a field's offsets that are not its bags' bounds.
     """
 
     def __init__(self, fields: Any, places: dict[str, tuple[int, int]]) -> None:
         super().__init__()
         self.runs = runs_of(fields)
         self.places = {f.feature: places[f.table] for f in fields}  # (first row, rows) of each field's table
-        table = {f.feature: f.table for f in fields}
-        for i, run in enumerate(self.runs):  # a pooled run's tables' (first row, rows), sorted: (T, 2)
-            if run.mode != "none":
-                tables = sorted({places[table[f]] for f in run.features})
-                self.register_buffer(f"places_{i}", torch.tensor(tables, dtype=torch.int64), persistent=False)
+        rows = sum(n for _, n in places.values())
+        if rows >> FIELD_BITS or len(self.places) >> (62 - FIELD_BITS):  # a coded id must fit in 62 bits
+            raise ValueError(f"a packed group of {len(self.places)} fields over {rows} rows is too large to "
+                             f"serve (at most {(1 << FIELD_BITS) - 1} rows and {(1 << (62 - FIELD_BITS)) - 1} fields)")
+        for i, run in enumerate(self.runs):  # the rows of each field's table in the run: (K,)
+            limits = [self.places[f][1] for f in run.features]
+            self.register_buffer(f"limits_{i}", torch.tensor(limits, dtype=torch.int64), persistent=False)
 
     def forward(self, weight: torch.Tensor, sparse: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         parts = []
         for i, run in enumerate(self.runs):
+            limits = getattr(self, f"limits_{i}")
             if run.mode == "none":
                 ids, offsets = sparse[run.features[0]]
                 first, rows = self.places[run.features[0]]
+                check_bags(ids, torch.zeros_like(ids), limits, offsets.unsqueeze(0))
                 parts.append(sequence(ids, offsets, weight[first:first + rows], run.max_len))  # (B, L, D)
             else:
                 firsts = [self.places[f][0] for f in run.features]
-                pooled = _pooled(weight, [sparse[f] for f in run.features], firsts, getattr(self, f"places_{i}"),
-                                 run.mode)  # (B, K, D)
+                pooled = _pooled(weight, [sparse[f] for f in run.features], firsts, limits, run.mode)  # (B, K, D)
                 parts.append(pooled if pooled.dtype == torch.float32 else pooled.float())
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
 
-def _pooled(weight: torch.Tensor, inputs: list[tuple[torch.Tensor, torch.Tensor]], firsts: list[int],
-            places: torch.Tensor, mode: str) -> torch.Tensor:
-    """One `embedding_bag` over the bags of K fields (`inputs`: their (ids, offsets)), each field's
-    ids shifted by its table's first row (`firsts`; `places`: the run's tables' (first row, rows),
-    sorted).  # (B, K, D)
+def check_bags(ids: torch.Tensor, field: torch.Tensor, limits: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """Refuse (RuntimeError, one line) the ids of K fields side by side (`ids`, table-local; `field`:
+    each one's field, non-decreasing) unless each is inside its field's table (`limits`: its rows)
+    and each field's offsets (`offsets`) are its bags' bounds: 0 first, never decreasing, its
+    number of ids last. Returns each field's number of ids.  # (K,)"""
+    torch._assert_async(((ids >= 0) & (ids < limits.index_select(0, field))).all(), OUT_OF_RANGE)
+    ends = torch.searchsorted(field, torch.arange(offsets.shape[0] + 1))  # (K + 1,) each field's first id
+    counts = ends[1:] - ends[:-1]  # (K,)
+    torch._assert_async((offsets[:, 0] == 0).all() & (offsets[:, 1:] >= offsets[:, :-1]).all()
+                        & (offsets[:, -1] == counts).all(), BAD_OFFSETS)
+    return counts
 
-    Each field's shift is an add of its own (no symbolic size: the shift of each id found from
+
+def _pooled(weight: torch.Tensor, inputs: list[tuple[torch.Tensor, torch.Tensor]], firsts: list[int],
+            limits: torch.Tensor, mode: str) -> torch.Tensor:
+    """One `embedding_bag` over the bags of K fields (`inputs`: their (ids, offsets)), each field's
+    ids shifted by its table's first row (`firsts`; `limits`: each field's table's rows).  # (B, K, D)
+
+    Each field's code (its number above `FIELD_BITS`, its table's first row below) is an add of its
+    own, found again for each id as the difference of the coded and the plain ids side by side
+    (exact even where a hostile id's add wraps). No symbolic size: the shift of each id found from
     the concatenated ids' K sizes took a graph node per field and their sum, and torch's guard code
-    over it at load; from their cumulative sum, minutes of export)."""
+    over it at load; from their cumulative sum, minutes of export."""
+    codes = [k << FIELD_BITS | first for k, first in enumerate(firsts)]
     ids = torch.cat([i for i, _ in inputs])  # (N,) table-local
-    rows = torch.cat([i if first == 0 else i + first for (i, _), first in zip(inputs, firsts)])  # (N,)
+    coded = torch.cat([i if code == 0 else i + code for (i, _), code in zip(inputs, codes)])  # (N,)
     offsets = torch.stack([o for _, o in inputs])  # (K, B + 1)
-    table = torch.searchsorted(places[:, 0].contiguous(), rows - ids)  # (N,) each id's table among `places`
-    limit = places[:, 1].index_select(0, table)  # (N,) its table's rows
-    torch._assert_async(((ids >= 0) & (ids < limit)).all() & (offsets[:, 0] == 0).all(), OUT_OF_RANGE)
-    counts = offsets[:, -1]  # (K,) ids per field
+    code = coded - ids  # (N,) each id's field's code
+    counts = check_bags(ids, code >> FIELD_BITS, limits, offsets)  # (K,) ids per field
+    rows = ids + (code & ((1 << FIELD_BITS) - 1))  # (N,) rows of the group's table
     starts = counts.cumsum(0) - counts  # (K,) each field's first id in `rows`
     bags = torch.cat([(offsets[:, :-1] + starts.unsqueeze(1)).reshape(-1), counts.sum().reshape(1)])  # (K * B + 1,)
     out = F.embedding_bag(rows, weight, bags, mode=mode, include_last_offset=True)  # (K * B, D)

@@ -4,7 +4,9 @@ embedding_bag per field with four outputs each (three unused), 4,000 of the 7,05
 `torch.export.load` made fake tensors for. The scores are bitwise those of one lookup per field
 (the program of before), with pooled multi-valued fields (sum and mean in one group), empty bags,
 unknown ids (row 0), a sequence field, wide (dim 1) fields and half tables; an id outside its own
-table is refused, as the lookup of its own table refused it."""
+table is refused, as the lookup of its own table refused it, and so are offsets that are not a
+feature's bag bounds, given to the package's program torch-only (serve11: they scored bags of the
+next feature's ids, where the lookup per field erred or kept them apart)."""
 from __future__ import annotations
 
 import collections
@@ -26,7 +28,7 @@ from flowrec.graph.kinds import OP_KINDS
 from flowrec.planner.contract import scoring_plan
 from flowrec.runtime.evaluation.scores import scores
 from flowrec.serving.export import export_program
-from flowrec.serving.lookups import GroupLookup, runs_of, sequence
+from flowrec.serving.lookups import BAD_OFFSETS, FIELD_BITS, OUT_OF_RANGE, GroupLookup, runs_of, sequence
 from flowrec.serving.package import encoded_inputs
 from flowrec.serving.pt2_check import check_archive
 from flowrec.serving.pt2_load import load_program
@@ -40,10 +42,11 @@ name: lookups
 features:
   - {name: price, type: dense, transform: log1p}
   - {name: item, type: categorical, table: items}
-  - {name: history, type: sequence, table: items, max_len: 5, pooling: none}
   - {name: user, type: categorical, hash_buckets: 300, dim: 8}
-  - {name: genres, type: categorical, vocab: 19, dim: 8, max_len: 4, pooling: mean}
   - {name: tags, type: categorical, hash_buckets: 50, dim: 8, max_len: 3, pooling: sum}
+  - {name: genres, type: categorical, vocab: 19, dim: 8, max_len: 4, pooling: mean}
+  - {name: topics, type: categorical, hash_buckets: 60, dim: 8, max_len: 3, pooling: mean}
+  - {name: history, type: sequence, table: items, max_len: 5, pooling: none}
   - {name: city, type: categorical, hash_buckets: 40, dim: 4}
   - {name: shop, type: categorical, hash_buckets: 70, dim: 4}
   - {name: w1, type: categorical, hash_buckets: 30, dim: 1}
@@ -60,11 +63,16 @@ training: {batch_size: 64, eval_every: 0}
 
 
 @pytest.fixture(scope="module")
-def serving(tmp_path_factory) -> ServingModel:
+def run(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("serving_lookups")
     (folder / "spec.yaml").write_text(SPEC)
     flowrec.train(folder / "spec.yaml", out=folder / "run", rows=600, max_steps=3)
-    trained = load_trained(folder / "run", "cpu", scoring_plan)
+    return folder / "run"
+
+
+@pytest.fixture(scope="module")
+def serving(run: Path) -> ServingModel:
+    trained = load_trained(run, "cpu", scoring_plan)
     model = ServingModel(trained.spec, trained.model).requires_grad_(False).eval()
     model.spec = trained.spec
     return model
@@ -185,6 +193,152 @@ def test_a_version_2_package_still_loads_and_scores_as_its_own_program(tmp_path:
     scores = model.predict(rows)["click"].to_numpy()
     dense, sparse = encoded_inputs(model.spec, model.encoder.encode(pa.Table.from_pandas(rows), labels=False))
     assert np.array_equal(scores, plain(dense, sparse)[:, 0].numpy())
+
+
+def _full_bags(spec, rows: int, seed: int) -> tuple[torch.Tensor, dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+    """Rows whose every bag holds 1 to max_len ids (so that each feature's offsets rise strictly)."""
+    rng = np.random.default_rng(seed)
+    dense = torch.from_numpy(rng.lognormal(0.0, 1.0, (rows, len(spec.dense_features))).astype(np.float32))
+    sparse = {}
+    for f in spec.sparse_features:
+        counts = rng.integers(1, f.max_len + 1, rows)
+        ids = rng.integers(0, spec.table(f.table).rows, int(counts.sum()))
+        sparse[f.name] = (torch.from_numpy(ids), torch.from_numpy(np.concatenate([[0], np.cumsum(counts)])))
+    return dense, sparse
+
+
+HOSTILE = {  # one feature's (ids, offsets) made to disagree, as a torch-only caller may pass them
+    "offsets end before the last id": lambda i, o: (i, torch.cat([o[:-1], o[-1:] - 1])),
+    "an id past the offsets' end": lambda i, o: (torch.cat([i, i[:1]]), o),
+    "offsets end past the last id": lambda i, o: (i, torch.cat([o[:-1], o[-1:] + 1])),
+    "an id missing": lambda i, o: (i[:-1], o),
+    "offsets start past 0": lambda i, o: (i, torch.cat([o[:1] + 1, o[1:]])),
+    "decreasing offsets": lambda i, o: (i, torch.cat([o[:1], o[2:3], o[1:2], o[3:]])),
+    "offsets all 0": lambda i, o: (i, torch.zeros_like(o)),
+    "an offset past the ids": lambda i, o: (i, torch.cat([o[:1], o[-1:] + 3, o[2:]])),
+    "a negative offset": lambda i, o: (i, torch.cat([o[:1], -o[1:2] - 1, o[2:]])),
+    "a negative id": lambda i, o: (torch.cat([i[:1] * 0 - 1, i[1:]]), o),
+}
+NEIGHBOURS = [("item", "user"), ("user", "tags"), ("genres", "topics"), ("city", "shop"), ("w1", "w2")]  # in one lookup
+
+
+def _moved(sparse, feature: str, to: str) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """`feature`'s last id moved to the front of `to`'s ids (as id 0, inside every table), both
+    offsets kept: as many ids side by side, one offset past its feature's ids and one short of the
+    next's."""
+    (ids, offsets), (next_ids, next_offsets) = sparse[feature], sparse[to]
+    return {**sparse, feature: (ids[:-1], offsets), to: (torch.cat([ids[-1:] * 0, next_ids]), next_offsets)}
+
+
+def _hostile_inputs(spec, seed: int):
+    """(what, dense, sparse) of each way of `HOSTILE` for every sparse feature, and of an id moved
+    to the next feature of the same lookup, in fresh rows."""
+    dense, sparse = _full_bags(spec, 6, seed)
+    for case, make in HOSTILE.items():
+        for f in spec.sparse_features:
+            yield f"{case} ({f.name})", dense, {**sparse, f.name: make(*sparse[f.name])}
+    for feature, to in NEIGHBOURS:
+        yield f"an id of {feature} moved to {to}", dense, _moved(sparse, feature, to)
+
+
+@pytest.fixture(scope="module")
+def torch_only(run: Path, serving: ServingModel) -> torch.nn.Module:
+    """The package's program as the documented torch-only call loads it (torch's guarded module),
+    its tables checked to be the serving model's (so `_per_field` looks up the same rows)."""
+    from typer.testing import CliRunner
+
+    from flowrec.cli import app
+
+    pkg = run.parent / "pkg"
+    result = CliRunner().invoke(app, ["export", str(run), str(pkg), "-q"])
+    assert result.exit_code == 0, result.output
+    program = torch.export.load(pkg / "model.pt2")
+    tables = [program.state_dict[f"tables.{i}"] for i in range(len(serving.tables))]
+    assert len(tables) == 3 and all(map(torch.equal, tables, serving.tables))
+    return program.module()
+
+
+def test_hostile_ids_and_offsets_never_score_other_bags_than_a_lookup_per_field(serving: ServingModel,
+                                                                                 torch_only) -> None:
+    """A feature whose ids and offsets disagree: the program either refuses it or scores what a lookup
+    per field over its own table scores (format 2's program), never bags holding another feature's
+    ids. Before, a group's bags were found in its joined ids from each feature's last offset: offsets
+    ending before (or past) a feature's ids, or all 0, decreasing, or past the ids in the middle, and
+    an id moved to the next feature, scored bags of the neighbour's ids without a word."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    dense, sparse = _full_bags(serving.spec, 6, seed)
+    assert torch.equal(torch_only(dense, sparse), _per_field(serving, dense, sparse))
+    wrong = []
+    for what, dense, sparse in _hostile_inputs(serving.spec, seed):
+        try:
+            scores = torch_only(dense, sparse)
+        except (RuntimeError, IndexError):  # refused (before: at times torch's own index error)
+            continue
+        try:
+            same = torch.equal(scores, _per_field(serving, dense, sparse))
+        except (RuntimeError, IndexError):  # the lookup per field refused it
+            same = False
+        if not same:
+            wrong.append(what)
+    assert not wrong, f"scores of other bags than a lookup per field (seed {seed}): {wrong}"
+
+
+def test_hostile_ids_and_offsets_are_refused_in_one_line(serving: ServingModel, torch_only) -> None:
+    """Every such input is refused by the program itself, in one line that says which of the two
+    disagrees (the documented contract: table-local ids, offsets 0 first, never decreasing, the id
+    count last), pooled and sequence features alike: a sequence's negative id read its table's last
+    rows, an id past its table was torch's index error."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    cases = list(_hostile_inputs(serving.spec, seed))
+    for what, dense, sparse in cases:
+        with pytest.raises(RuntimeError) as refused:
+            torch_only(dense, sparse)
+        expected = OUT_OF_RANGE if what.startswith("a negative id") else BAD_OFFSETS
+        assert str(refused.value) == expected, (what, seed)
+    sequence_feature = next(f for f in serving.spec.sparse_features if f.pooling == "none")
+    dense, sparse = _full_bags(serving.spec, 6, seed)
+    ids, offsets = sparse[sequence_feature.name]
+    past = ids.clone()
+    past[-1] = serving.spec.table(sequence_feature.table).rows
+    with pytest.raises(RuntimeError) as refused:
+        torch_only(dense, {**sparse, sequence_feature.name: (past, offsets)})
+    assert str(refused.value) == OUT_OF_RANGE
+    assert len(cases) == len(HOSTILE) * len(serving.spec.sparse_features) + len(NEIGHBOURS)
+
+
+def test_a_batch_that_differs_between_inputs_is_refused(run: Path, serving: ServingModel, torch_only) -> None:
+    """One feature, one lookup's features or the dense input of another number of rows than the
+    others: refused by torch's guards of the torch-only module, and by flowrec's own module of the
+    program (no guards: `program_module`), never scored."""
+    dense, sparse = _full_bags(serving.spec, 6, int.from_bytes(os.urandom(4), "little"))
+
+    def fewer(*names: str) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        return {**sparse, **{n: (sparse[n][0][:sparse[n][1][-2]], sparse[n][1][:-1]) for n in names}}
+
+    cases = [(dense[:-1], sparse), (dense, fewer("w1", "w2")),
+             *((dense, fewer(f.name)) for f in serving.spec.sparse_features)]
+    for program in (torch_only, flowrec.load_model(run.parent / "pkg").program):
+        assert torch.equal(program(dense, sparse), _per_field(serving, dense, sparse))
+        for rows, features in cases:
+            with pytest.raises((RuntimeError, AssertionError)):
+                program(rows, features)
+
+
+def test_features_without_ids_and_a_row_of_empty_bags_score_as_a_lookup_per_field(serving: ServingModel,
+                                                                                  torch_only) -> None:
+    """Offsets all 0 are refused only where the feature has ids: with none they are its bounds."""
+    dense, sparse = _inputs(serving.spec, 5, int.from_bytes(os.urandom(4), "little"))
+    for name in ("tags", "genres", "topics", "history"):
+        sparse[name] = (torch.zeros(0, dtype=torch.int64), torch.zeros(6, dtype=torch.int64))
+    expected = _per_field(serving, dense, sparse)
+    assert torch.equal(torch_only(dense, sparse), expected) and len(torch.unique(expected)) == 5
+
+
+def test_a_group_too_large_for_coded_ids_is_refused_at_export() -> None:
+    fields = [SimpleNamespace(feature=f"f{i}", table=f"t{i}", pooling="sum", max_len=1) for i in range(2)]
+    GroupLookup(fields, {"t0": (0, 5), "t1": (5, (1 << FIELD_BITS) - 6)})  # the largest group it serves
+    with pytest.raises(ValueError, match="too large to serve"):
+        GroupLookup(fields, {"t0": (0, 5), "t1": (5, (1 << FIELD_BITS) - 5)})
 
 
 class _WideGroup(torch.nn.Module):
