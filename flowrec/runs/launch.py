@@ -51,17 +51,51 @@ def nproc_flag(nproc: int, python: bool) -> str:
 def check_ranks_fit(nproc: int, python: bool = False) -> None:
     """`RunError` when `nproc` ranks cannot all start here: each is a process of this program, as big
     as this one is now (torch imported) before it reads any data. `--nproc 1000000` had torch's
-    launcher make a log folder per rank for minutes, deaf to SIGTERM, before any rank started."""
-    import resource
-
+    launcher make a log folder per rank for minutes, deaf to SIGTERM, before any rank started.
+    Where that refuses, the size of a fresh process that imports what a rank imports is measured
+    (`fresh_process_bytes`) and taken where smaller: `flowrec.train(..., nproc=2)` called from a
+    notebook that holds gigabytes of its own data was refused for ranks that never hold them."""
     from flowrec.data.hostmemory import available_memory_bytes
 
-    each = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    each = own_process_bytes()
     room = available_memory_bytes()
-    if room is not None and nproc * each > room:
-        raise RunError(f"{nproc_flag(nproc, python)}: {nproc:,} ranks of {each / 2**20:,.0f} MiB each (this "
-                       f"process's size, before any data) need more than the {room / 2**30:,.1f} GiB of memory "
-                       "available here; give fewer ranks")
+    if room is None or nproc * each <= room:
+        return
+    each = min(each, fresh_process_bytes() or each)
+    if nproc * each > room:
+        raise RunError(f"{nproc_flag(nproc, python)}: {nproc:,} ranks of {each / 2**20:,.0f} MiB each (a "
+                       f"process of this program's size, before any data) need more than the "
+                       f"{room / 2**30:,.1f} GiB of memory available here; give fewer ranks")
+
+
+FRESH_TIMEOUT_S = 120.0  # a fresh process importing torch and flowrec's trainer, on a loaded machine
+FRESH_IMPORTS = "import resource, torch, flowrec.cli.train_cmds, flowrec.runtime.trainer"
+
+
+def own_process_bytes() -> int:
+    """The peak resident size of this process (Linux reports it in KiB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def fresh_process_bytes() -> int | None:
+    """The peak resident size of a fresh Python process that imports what a rank imports before it
+    reads data (torch, the trainer); None where it cannot be measured (it failed, or took longer
+    than FRESH_TIMEOUT_S: it is then killed; it starts no process of its own)."""
+    code = f"{FRESH_IMPORTS}; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)"
+    with subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                          text=True) as child:
+        try:
+            out, _ = child.communicate(timeout=FRESH_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.communicate(timeout=FRESH_TIMEOUT_S)
+            return None
+    try:
+        return int(out.strip().splitlines()[-1]) if child.returncode == 0 else None
+    except (ValueError, IndexError):
+        return None
 
 
 def check_ranks_data(spec: Any, given: dict[str, Any]) -> None:

@@ -142,6 +142,26 @@ def test_more_ranks_than_the_memory_holds_are_refused(no_launch: Path, monkeypat
     assert "give fewer ranks" in str(exc.value)
 
 
+def test_a_caller_holding_its_own_data_is_not_taken_for_the_size_of_each_rank(no_launch: Path, monkeypatch) -> None:
+    """A notebook that holds gigabytes of its own data called flowrec.train(..., nproc=2): each rank
+    was taken to be as big as the notebook and refused; a rank is a fresh process that never holds
+    them, so where the caller's size would refuse, a fresh process's size (measured) decides."""
+    from flowrec.runs import launch
+
+    fresh = launch.fresh_process_bytes()  # measured for real: torch and the trainer imported
+    assert fresh is not None and 32 * 2**20 < fresh < 8 * 2**30
+    monkeypatch.setattr(launch, "own_process_bytes", lambda: 64 * 2**30)  # the notebook: 64 GiB
+    monkeypatch.setattr(launch, "fresh_process_bytes", lambda: fresh)
+    monkeypatch.setattr("flowrec.data.hostmemory.available_memory_bytes", lambda: 8 * fresh + 2**20)
+    launch.check_ranks_fit(8, python=True)  # 8 fresh ranks fit
+    with pytest.raises(RunError) as exc:  # 9 do not, and the line gives the fresh size, not the caller's
+        launch.check_ranks_fit(9, python=True)
+    assert _one_line(exc).startswith(f"nproc=9: 9 ranks of {fresh / 2**20:,.0f} MiB each ")
+    monkeypatch.setattr(launch, "fresh_process_bytes", lambda: None)  # not measurable: the caller's size stands
+    with pytest.raises(RunError, match="ranks of 65,536 MiB each"):
+        launch.check_ranks_fit(2, python=True)
+
+
 def test_a_folder_holding_a_run_names_the_python_calls(finished_run: Path, monkeypatch) -> None:
     monkeypatch.setattr("flowrec.runs.launch.run_launch", lambda *a, **k: pytest.fail("a rank was started"))
     monkeypatch.chdir(finished_run)
