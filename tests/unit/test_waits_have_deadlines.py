@@ -2,7 +2,8 @@
 source (ast) for the calls that had none. `subprocess.run(..., timeout=T)` kills only its direct child
 at T, so a `flowrec train --nproc 2` whose launcher it killed left its ranks running (holding ports
 and cores of CI's 2-core machine), and a call without a timeout could hang CI outright; tests call
-`flowrec.testing.processes.run_bounded`, which kills the whole tree. A `wait()`, `join()` or
+`flowrec.testing.processes.run_bounded`, which kills the whole tree, and tools, where a call has a
+timeout, `run_tree` (a TimeoutExpired, once the tree is killed). A `wait()`, `join()` or
 `communicate()` without a timeout blocks for good on a child or thread that never ends."""
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 # the test suite and its helpers: no subprocess call that waits on a child without killing its tree
 TESTS = (REPO / "tests", REPO / "flowrec" / "testing")
-# ... and the tools that tests and CI run: no wait without a deadline
-WAITS = (*TESTS, REPO / "tools")
+# the tools that tests and CI run: no deadline that kills only the direct child
+TOOLS = (REPO / "tools",)
+# ... and everywhere: no wait without a deadline
+WAITS = (*TESTS, *TOOLS)
 UNBOUNDED = ("run", "call", "check_call", "check_output")  # subprocess's own waits on a child
 # how many positional arguments a call takes before its timeout: `communicate(input, timeout)`,
 # `wait(timeout)` (Popen, Event, Barrier, Condition), `join(timeout)` (Thread, Process)
@@ -31,6 +34,23 @@ def subprocess_waits(tree: ast.AST) -> list[tuple[int, str]]:
             found.append((node.lineno, f"subprocess.{node.attr}"))
         elif isinstance(node, ast.ImportFrom) and node.module == "subprocess":
             found += [(node.lineno, f"from subprocess import {a.name}") for a in node.names if a.name in UNBOUNDED]
+    return sorted(found)
+
+
+def deadlines_that_kill_one(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, call) of each subprocess.run / call / check_call / check_output in `tree` given a
+    `timeout=` (at which subprocess kills its direct child only), under its own name or imported."""
+    names = {alias.asname or alias.name: alias.name for node in ast.walk(tree)
+             if isinstance(node, ast.ImportFrom) and node.module == "subprocess"
+             for alias in node.names if alias.name in UNBOUNDED}
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and any(k.arg == "timeout" for k in node.keywords)):
+            continue
+        func = node.func
+        if (isinstance(func, ast.Attribute) and func.attr in UNBOUNDED and isinstance(func.value, ast.Name)
+                and func.value.id == "subprocess") or (isinstance(func, ast.Name) and func.id in names):
+            found.append((node.lineno, ast.unparse(func)))
     return sorted(found)
 
 
@@ -61,6 +81,12 @@ def test_no_test_waits_on_a_child_without_killing_its_tree():
                            + "\n".join(offenders))
 
 
+def test_no_tool_gives_a_child_a_deadline_that_kills_only_it():
+    offenders = _offenders(TOOLS, deadlines_that_kill_one)
+    assert not offenders, ("use flowrec.testing.processes.run_tree (its deadline kills the whole tree, then raises "
+                           "subprocess.TimeoutExpired):\n" + "\n".join(offenders))
+
+
 def test_no_test_or_tool_waits_without_a_deadline():
     offenders = _offenders(WAITS, waits_without_deadline)
     assert not offenders, ("give each a timeout (flowrec.testing.processes: communicate_bounded, call_within, "
@@ -74,6 +100,17 @@ def test_no_test_or_tool_waits_without_a_deadline():
 ])
 def test_the_scan_names_the_line_of_each_unbounded_child(source: str, line: int):
     assert [found for found, _ in subprocess_waits(ast.parse(source))] == [line]
+
+
+@pytest.mark.parametrize("source, line", [
+    ("import subprocess\n\ndef f():\n    return subprocess.run(['true'], timeout=5)\n", 4),
+    ("from subprocess import check_output as out\nout(['true'],\n    timeout=5)\n", 2),
+    ("import subprocess\nsubprocess.call(['true'])\n", None),  # no deadline: the tool waits for its end
+    ("from flowrec.testing.processes import run_tree\nrun_tree(['true'], timeout_s=5)\n", None),
+    ("import subprocess\nsubprocess.Popen(['true']).communicate(timeout=5)\n", None),  # a wait: the other scans'
+])
+def test_the_scan_names_the_line_of_each_deadline_that_kills_one_child(source: str, line: int | None):
+    assert [found for found, _ in deadlines_that_kill_one(ast.parse(source))] == ([] if line is None else [line])
 
 
 @pytest.mark.parametrize("source, line", [
