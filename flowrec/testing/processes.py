@@ -1,11 +1,12 @@
 """Bounded waits on the child processes of tests and tools: a child still running at its deadline
 is killed with every process below it (the ranks of `flowrec train --nproc N` run under torch's
 launcher, in a session of its own, out of reach of a kill of the child or of its process group).
-A test's wait (`run_bounded`, `communicate_bounded`, `wait_bounded`) then fails with the tail of
-what the child printed, instead of hanging CI or failing with a bare `TimeoutExpired`; a tool's
-(`run_tree`, `communicate_tree`: `subprocess.run` and `Popen.communicate` with their arguments)
-raises `TreeTimeout`, a `subprocess.TimeoutExpired` that says the tree was killed, with that tail,
-so a tool that catches TimeoutExpired catches it as before. A blocking call of the test's own
+A test's wait (`run_bounded`, `communicate_bounded`, `wait_bounded`) then fails, with the tail of
+what the child printed where the wait read it, instead of hanging CI or failing with a bare
+`TimeoutExpired` and leaving the child running; a tool's (`run_tree`, `communicate_tree`:
+`subprocess.run` and `Popen.communicate` with their arguments) raises `TreeTimeout`, a
+`subprocess.TimeoutExpired` that says the tree was killed, with that tail, so a tool that catches
+TimeoutExpired catches it as before. A blocking call of the test's own
 process (a background writer's `wait()`, which takes no timeout) gets a deadline from `call_within`.
 
 Example:
@@ -103,11 +104,19 @@ def communicate_bounded(proc: subprocess.Popen, timeout_s: float, input: Any = N
 
 
 def wait_bounded(proc: subprocess.Popen, timeout_s: float) -> int:
-    """`proc.wait()` (its pipes read to their end, as `communicate` reads them) within `timeout_s`
-    seconds, its exit status; past it as `communicate_bounded`. A killed child's reap too: a child
-    that outlives a kill by its deadline is killed with its tree again, and the test fails."""
-    communicate_bounded(proc, timeout_s)
-    return proc.returncode
+    """`proc.wait(timeout=timeout_s)`, its exit status (its pipes left to whoever reads them); past
+    the deadline `proc` and everything below it are killed and an AssertionError says so. A killed
+    child's reap too: one that outlives a kill by its deadline is killed with its tree again."""
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc.pid)
+        try:
+            proc.wait(timeout=REAP_S)
+        except subprocess.TimeoutExpired:  # stopped in the kernel: the failure says so all the same
+            pass
+        raise AssertionError(f"{_command(proc.args)}: still running after {timeout_s:g} s; killed with every "
+                             f"process below it") from None
 
 
 def readline_bounded(proc: subprocess.Popen, stream: Any, timeout_s: float) -> Any:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from flowrec.testing.processes import (call_within, communicate_bounded, readline_bounded, run_bounded,
+from flowrec.testing.processes import (call_within, communicate_bounded, kill_tree, readline_bounded, run_bounded,
                                        run_tree, wait_bounded)
 from flowrec.testing.ranks import run_flowrec
 
@@ -77,8 +77,8 @@ def test_a_popen_past_its_deadline_is_killed_with_its_tree(tmp_path: Path):
             communicate_bounded(proc, 10)
     finally:
         if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
+            kill_tree(proc.pid)
+            wait_bounded(proc, 30)
     started = _started(pids, 2)
     assert _gone(started), [p for p in started if _alive(p)]
     assert f"on stderr: {word}" in str(failed.value)
@@ -106,8 +106,8 @@ def test_a_popen_waited_past_its_deadline_is_killed_with_its_tree(tmp_path: Path
             wait_bounded(proc, 10)
     finally:
         if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
+            kill_tree(proc.pid)
+            wait_bounded(proc, 30)
     started = _started(pids, 2)
     assert _gone(started), [p for p in started if _alive(p)]
     code = random.randrange(1, 100)
@@ -141,8 +141,8 @@ def test_a_line_that_never_comes_kills_the_tree(tmp_path: Path):
             readline_bounded(proc, proc.stdout, 5)  # it says nothing more and sleeps on
     finally:
         if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=30)
+            kill_tree(proc.pid)
+        wait_bounded(proc, 30)
         proc.stdout.close()
         proc.stderr.close()
     started = _started(pids, 2)
