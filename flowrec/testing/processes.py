@@ -80,7 +80,7 @@ class TreeTimeout(subprocess.TimeoutExpired):
 
 def communicate_tree(proc: subprocess.Popen, timeout_s: float, input: Any = None) -> tuple[Any, Any]:
     """`proc.communicate(input, timeout=timeout_s)`, whose deadline kills `proc` and everything below
-    it, then raises `TreeTimeout` (`subprocess.communicate`'s own kills nothing)."""
+    it, then raises `TreeTimeout` (`Popen.communicate`'s own timeout kills nothing)."""
     try:
         return proc.communicate(input, timeout=timeout_s)
     except subprocess.TimeoutExpired as expired:
