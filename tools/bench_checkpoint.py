@@ -56,6 +56,11 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from flowrec.testing.processes import run_tree  # noqa: E402
+
 SPEC = "specs/dlrm_criteo.yaml"
 CHECKPOINT_EVERY = 10
 RUN_TIMEOUT_S = 3600
@@ -73,7 +78,7 @@ def run_job(out: Path, rows: int, full_every: int | str, nproc: int = 1, writes:
     env = {**os.environ, "PYTHONPATH": str(REPO), CHECKPOINT_WRITES_ENV: writes}
     env.pop("FLOWREC_RANK_CHECKPOINTS", None)  # the older name: only the switch above decides
     t0 = time.perf_counter()
-    subprocess.run(argv, cwd=REPO, env=env, check=True, timeout=RUN_TIMEOUT_S, stdout=subprocess.DEVNULL)
+    run_tree(argv, cwd=REPO, env=env, check=True, timeout_s=RUN_TIMEOUT_S, stdout=subprocess.DEVNULL)
     wall = time.perf_counter() - t0
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     end = next(r for r in reversed(records) if r["event"] == "end")

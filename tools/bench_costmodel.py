@@ -114,6 +114,7 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from flowrec.measure import robust  # noqa: E402
 from flowrec.spec import load_spec  # noqa: E402
+from flowrec.testing.processes import run_tree  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 RUN_TIMEOUT_S = 1200
@@ -187,8 +188,8 @@ def flowrec(*args: str, cwd: Path, timed: bool = False, nproc: int = 1) -> str:
                "LOGLEVEL": "CRITICAL"}
         command = ["-m", "flowrec.cli.ranks", "--standalone", f"--nproc-per-node={nproc}", "--max-restarts=0",
                    "--monitor-interval=0.5", *command]
-    done = subprocess.run([sys.executable, *command, *args], cwd=cwd, env=env, timeout=RUN_TIMEOUT_S,
-                          capture_output=True, text=True)
+    done = run_tree([sys.executable, *command, *args], cwd=cwd, env=env, timeout_s=RUN_TIMEOUT_S,
+                    capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"flowrec {' '.join(args)} failed: {done.stderr.strip().splitlines()[-20:]}")  # the ranks' own lines too
     return done.stdout
@@ -792,10 +793,10 @@ def model_code(repo: Path = REPO) -> dict[str, Any] | None:
     None outside a git checkout. Two results with equal trees and no changes measured the same
     model, whatever else changed between them (the benchmark, docs), which `--merge --pool` needs."""
     try:
-        trees = subprocess.run(["git", "-C", str(repo), "rev-parse", *(f"HEAD:{d}" for d in MODEL_CODE)],
-                               capture_output=True, text=True, timeout=60)
-        status = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--", *MODEL_CODE],
-                                capture_output=True, text=True, timeout=60)
+        trees = run_tree(["git", "-C", str(repo), "rev-parse", *(f"HEAD:{d}" for d in MODEL_CODE)],
+                         capture_output=True, text=True, timeout_s=60)
+        status = run_tree(["git", "-C", str(repo), "status", "--porcelain", "--", *MODEL_CODE],
+                          capture_output=True, text=True, timeout_s=60)
     except (OSError, subprocess.TimeoutExpired):
         return None
     lines = trees.stdout.split()

@@ -39,6 +39,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from flowrec.testing.processes import run_tree  # noqa: E402
+
 SPEC = REPO / "specs" / "dlrm_criteo.yaml"
 TIMEOUT_S = 600  # per run of W processes
 
@@ -161,7 +163,7 @@ def end_to_end(spec: Path, repeats: int) -> dict:
             for world in (1, 2):
                 cmd = [sys.executable, "-m", "flowrec", "train", str(spec), "--out", f"{tmp}/w{world}_{i}", "-q",
                        "--json"] + (["--nproc", str(world)] if world > 1 else [])
-                done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S)
+                done = run_tree(cmd, cwd=REPO, capture_output=True, text=True, timeout_s=TIMEOUT_S)
                 if done.returncode != 0:
                     return {"skipped": f"flowrec train {spec.name} failed: {done.stderr.strip().splitlines()[-1]}"}
                 result = json.loads(done.stdout)

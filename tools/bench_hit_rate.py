@@ -47,6 +47,7 @@ from flowrec.planner.access import group_model  # noqa: E402
 from flowrec.runtime.caches.static_hot import hottest_rows  # noqa: E402
 from flowrec.runtime.session import open_dataset  # noqa: E402
 from flowrec.spec.load import load_spec  # noqa: E402
+from flowrec.testing.processes import run_tree  # noqa: E402
 
 CACHE_SHARES = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0)  # cache sizes as shares of a group's rows
 
@@ -111,9 +112,9 @@ def opened_dataset(spec_path: Path, spec: Any, data: Path | None, synth: int | N
     with tempfile.TemporaryDirectory() as tmp:
         if synth is not None:
             data = Path(tmp) / "data"
-            subprocess.run([sys.executable, "-m", "flowrec", "data", "synth", str(spec_path), "--rows", str(synth),
-                            "--out", str(data)], check=True, cwd=ROOT, stdout=subprocess.DEVNULL,
-                           timeout=SYNTH_TIMEOUT_S)
+            run_tree([sys.executable, "-m", "flowrec", "data", "synth", str(spec_path), "--rows", str(synth),
+                      "--out", str(data)], check=True, cwd=ROOT, stdout=subprocess.DEVNULL,
+                     timeout_s=SYNTH_TIMEOUT_S)
         source = open_dataset(data, spec)
         try:
             yield source

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,6 +32,11 @@ import pyarrow.parquet as pq
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from flowrec.testing.processes import run_tree  # noqa: E402
+
 SPEC = REPO / "specs" / "movielens.yaml"
 IDS = ("user_id", "item_id")
 TABLES = {"user_id": "users", "item_id": "items"}
@@ -41,8 +45,8 @@ TABLES = {"user_id": "users", "item_id": "items"}
 def flowrec(*args: str) -> float:
     """Run the CLI; seconds it took."""
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "flowrec", *args], capture_output=True, text=True, timeout=3600,
-                          cwd=REPO)
+    done = run_tree([sys.executable, "-m", "flowrec", *args], capture_output=True, text=True, timeout_s=3600,
+                    cwd=REPO)
     if done.returncode != 0:
         raise SystemExit(f"flowrec {' '.join(args)} failed:\n{done.stderr[-3000:]}")
     return time.perf_counter() - started

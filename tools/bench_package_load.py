@@ -62,6 +62,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from flowrec.testing.benchargs import in_temp_folder, refuse_below_one  # noqa: E402
+from flowrec.testing.processes import run_tree  # noqa: E402
 
 VARIANTS = ("torch_export_load", "load_program", "load_program_no_memo", "load_model", "load_model_samples_twice")
 EXPORT_VARIANTS = ("serving_copied", "serving_in_place")
@@ -138,8 +139,8 @@ def raw_rows(spec: Any, rows: int, seed: int) -> Any:
 
 def _flowrec(*args: str) -> None:
     try:
-        done = subprocess.run([sys.executable, "-m", "flowrec", *args], capture_output=True, text=True,
-                              timeout=RUN_TIMEOUT_S)
+        done = run_tree([sys.executable, "-m", "flowrec", *args], capture_output=True, text=True,
+                        timeout_s=RUN_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         sys.exit(f"error: flowrec {args[0]} still running after {RUN_TIMEOUT_S} s; stopped")
     if done.returncode != 0:

@@ -17,11 +17,15 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from flowrec.testing.processes import run_tree  # noqa: E402
+
 CASES = {  # name -> (spec file, experts, expert layers, batch size): None keeps the spec's
     "din_taobao": ("din_taobao.yaml", None, None, None),
     "dlrm_criteo": ("dlrm_criteo.yaml", None, None, None),
@@ -67,9 +71,9 @@ print(json.dumps({"estimate_bytes": need, "measured_bytes": rss("VmHWM") - base,
 
 
 def measure(spec: str, experts, layers, batch, steps: int, rows: int) -> dict:
-    out = subprocess.run([sys.executable, "-c", CHILD, str(REPO / "specs" / spec), json.dumps(experts),
-                          json.dumps(layers), str(steps), str(rows), json.dumps(batch)], capture_output=True, text=True,
-                         timeout=1200, env={**os.environ, "PYTHONPATH": str(REPO)}, check=True)
+    out = run_tree([sys.executable, "-c", CHILD, str(REPO / "specs" / spec), json.dumps(experts),
+                    json.dumps(layers), str(steps), str(rows), json.dumps(batch)], capture_output=True, text=True,
+                   timeout_s=1200, env={**os.environ, "PYTHONPATH": str(REPO)}, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

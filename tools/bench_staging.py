@@ -46,13 +46,17 @@ import os
 import platform
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from flowrec.testing.processes import run_tree  # noqa: E402
+
 BATCH = 4096  # samples per batch
 WINDOW = 8  # lookahead window, batches
 
@@ -219,9 +223,9 @@ def _isolated(data: Path, processes: int, epochs: int, environ: dict[str, str]) 
     env = {**environ, "PYTHONPATH": os.pathsep.join([str(REPO), environ.get("PYTHONPATH", "")])}
     for _ in range(processes):
         for loop in runs:
-            out = subprocess.run([sys.executable, __file__, "--worker", loop, "--data", str(data),
-                                  "--epochs", str(epochs)], capture_output=True, text=True, env=env,
-                                 timeout=600, check=True).stdout
+            out = run_tree([sys.executable, __file__, "--worker", loop, "--data", str(data),
+                            "--epochs", str(epochs)], capture_output=True, text=True, env=env,
+                           timeout_s=600, check=True).stdout
             runs[loop].append([json.loads(line) for line in out.splitlines() if line.startswith("{")])
     figures: dict = {}
     for loop, procs in runs.items():

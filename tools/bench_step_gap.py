@@ -36,6 +36,11 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from flowrec.testing.processes import run_tree  # noqa: E402
+
 WARMUP_STEPS = 2  # as bench_costmodel
 VARIANTS = ("live", "prestaged", "prestaged_foreign_mem")
 HARNESS = r'''
@@ -104,12 +109,12 @@ def run_variant(mode: str, spec: Path, data: Path, tmp: Path, steps: int, budget
         foreign = subprocess.Popen([sys.executable, "-c", FOREIGN], env=env)
         time.sleep(1.0)
     try:
-        subprocess.run([sys.executable, "-m", "_step_gap_harness", "train", str(spec), "--data", str(data),
-                        "--max-steps", str(WARMUP_STEPS + steps), "--epochs", "1", "--device", "cpu",
-                        "--out", str(run_dir), "--quiet", "--json", "--eval-every", "0",
-                        *(["--device-budget", budget] if budget else []),
-                        *(["--target", str(profile)] if profile else [])],
-                       cwd=tmp, env=env, check=True, capture_output=True, timeout=600)
+        run_tree([sys.executable, "-m", "_step_gap_harness", "train", str(spec), "--data", str(data),
+                  "--max-steps", str(WARMUP_STEPS + steps), "--epochs", "1", "--device", "cpu",
+                  "--out", str(run_dir), "--quiet", "--json", "--eval-every", "0",
+                  *(["--device-budget", budget] if budget else []),
+                  *(["--target", str(profile)] if profile else [])],
+                 cwd=tmp, env=env, check=True, capture_output=True, timeout_s=600)
     finally:
         if foreign is not None:
             foreign.kill()
@@ -145,9 +150,9 @@ def main() -> None:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(tmp)]),
                "OMP_NUM_THREADS": threads, "NUMBA_NUM_THREADS": threads}
         data = tmp / "data"
-        subprocess.run([sys.executable, "-m", "flowrec", "data", "synth", str(args.spec), "--rows",
-                        str(batch * (WARMUP_STEPS + args.steps + 1)), "--out", str(data)],
-                       cwd=tmp, env=env, check=True, capture_output=True, timeout=600)
+        run_tree([sys.executable, "-m", "flowrec", "data", "synth", str(args.spec), "--rows",
+                  str(batch * (WARMUP_STEPS + args.steps + 1)), "--out", str(data)],
+                 cwd=tmp, env=env, check=True, capture_output=True, timeout_s=600)
         runs = []
         for repeat in range(args.repeats):
             for mode in VARIANTS:

@@ -71,6 +71,7 @@ from flowrec.measure.reference import ReferenceModel, bag_slots, reference_optim
 from flowrec.planner.manager import make_plan
 from flowrec.runtime.step import autocast_context, make_dense_optimizer, train_step
 from flowrec.spec import load_spec
+from flowrec.testing.processes import run_tree
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = {"dlrm": "specs/dlrm_criteo.yaml", "wide1000": "specs/wide_1000.yaml"}
@@ -588,7 +589,7 @@ def child_failure(cmd: list[str]) -> dict | None:
     of its errors): a process killed by the kernel (SIGKILL, the out-of-memory killer) or one that
     ran past CHILD_TIMEOUT_S fails its round only."""
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+        proc = run_tree(cmd, capture_output=True, text=True, timeout_s=CHILD_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         return {"returncode": None, "reason": f"ran past {CHILD_TIMEOUT_S} s", "stderr_tail": ""}
     if proc.returncode == 0:

@@ -40,6 +40,11 @@ from pathlib import Path
 from typing import Callable
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from flowrec.testing.processes import run_tree  # noqa: E402
+
 SWEEP = "tests/gpu/test_specs_gpu.py"
 SPEC = "specs/dlrm_criteo.yaml"
 MIN_STEP_S = 10.0  # a step with less of the budget left is skipped, not started
@@ -179,9 +184,9 @@ def merge_shards(paths: list[Path]) -> dict:
 def sweep(lease: Lease, limit_s: float, log: Log) -> int:
     """tests/gpu/test_specs_gpu.py in `lease.shards` pytest processes at once; specs_gpu.json merged."""
     env = environment(lease)
-    collected = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", SWEEP, "--collect-only", "-o", "addopts=",
-                                "-q", "-p", "no:cacheprovider"], cwd=REPO, env=env, capture_output=True, text=True,
-                               timeout=min(120.0, limit_s))
+    collected = run_tree([sys.executable, "-m", "pytest", "-m", "gpu", SWEEP, "--collect-only", "-o", "addopts=",
+                          "-q", "-p", "no:cacheprovider"], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout_s=min(120.0, limit_s))
     ids = [line for line in collected.stdout.splitlines() if line.startswith(SWEEP + "::")]
     if not ids:
         log.write(f"no sweep cases collected:\n{collected.stdout[-2000:]}{collected.stderr[-2000:]}\n")

@@ -18,7 +18,6 @@ import ast
 import json
 import os
 import re
-import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass
@@ -27,6 +26,8 @@ from typing import Any, Callable
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from flowrec.testing.processes import run_tree  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
 DOCS = REPO / "docs" / "gpu.md"
@@ -115,8 +116,8 @@ def run_gpu_tests(slug: str) -> dict[str, Any]:
     junit = RESULTS / f"gpu_tests_{slug}.xml"
     # the every-spec sweep (tests/gpu/test_specs_gpu.py) writes what it compared per spec here
     env = {**os.environ, "FLOWREC_SPECS_GPU_JSON": str(RESULTS / f"specs_gpu_{slug}.json")}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", f"--junitxml={junit}"],
-                          cwd=REPO, capture_output=True, text=True, timeout=TEST_TIMEOUT_S, env=env)
+    proc = run_tree([sys.executable, "-m", "pytest", "-m", "gpu", "-q", f"--junitxml={junit}"],
+                    cwd=REPO, capture_output=True, text=True, timeout_s=TEST_TIMEOUT_S, env=env)
     suite = ET.parse(junit).getroot()
     suite = suite.find("testsuite") if suite.tag == "testsuites" else suite
     counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
@@ -141,7 +142,7 @@ def run_benchmarks(slug: str, quick: bool) -> tuple[dict[str, Any], dict[str, st
         name = script.stem.removeprefix("bench_")
         out = RESULTS / f"{name}_{slug}.json"
         cmd = [sys.executable, str(script), "--device", "cuda", "--json", str(out)] + (["--quick"] if quick else [])
-        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=BENCH_TIMEOUT_S)
+        proc = run_tree(cmd, cwd=REPO, capture_output=True, text=True, timeout_s=BENCH_TIMEOUT_S)
         if proc.returncode != 0 or not out.is_file():
             skipped[name] = f"{script.name} failed (exit {proc.returncode}): {proc.stderr.strip()[-300:]}"
             continue

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,6 +26,11 @@ import pyarrow.csv as pacsv
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from flowrec.testing.processes import run_tree  # noqa: E402
+
 SPEC = REPO / "specs" / "movielens.yaml"
 SPARE_FEATURES = ("user_id", "item_id")
 
@@ -34,8 +38,8 @@ SPARE_FEATURES = ("user_id", "item_id")
 def flowrec(*args: str) -> tuple[str, float]:
     """Run the CLI; (stdout, seconds)."""
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "flowrec", *args], capture_output=True, text=True, timeout=1800,
-                          cwd=REPO)
+    done = run_tree([sys.executable, "-m", "flowrec", *args], capture_output=True, text=True, timeout_s=1800,
+                    cwd=REPO)
     if done.returncode != 0:
         raise SystemExit(f"flowrec {' '.join(args)} failed:\n{done.stderr[-3000:]}")
     return done.stdout, time.perf_counter() - started

@@ -24,6 +24,11 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from flowrec.testing.processes import run_tree  # noqa: E402
+
 CONSTRAINTS = REPO / "constraints.txt"
 TORCH = "torch==2.13.0"  # the CPU build CI uses; GPU users install their CUDA build of torch first
 EXTRAS = ".[dev,gpucheck,tensorboard,ann]"  # every optional group the tests or CI install
@@ -64,8 +69,8 @@ def _fresh_env(tmp: Path) -> Path:
     pin = tmp / "torch.txt"
     pin.write_text(TORCH + "\n", encoding="utf-8")
     for packages in (["--upgrade", "pip"], [TORCH], ["-c", str(pin), "-e", EXTRAS]):
-        subprocess.run([str(python), "-m", "pip", "install", "-q", *packages], cwd=REPO, check=True,
-                       timeout=INSTALL_TIMEOUT_S)
+        run_tree([str(python), "-m", "pip", "install", "-q", *packages], cwd=REPO, check=True,
+                 timeout_s=INSTALL_TIMEOUT_S)
     return python
 
 

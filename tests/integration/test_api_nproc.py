@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flowrec.testing.processes import communicate_bounded, descendants, kill_tree, run_bounded
+from flowrec.testing.processes import communicate_bounded, descendants, kill_tree, run_bounded, wait_bounded
 from flowrec.testing.ranks import assert_same_model, run_flowrec, subprocess_env
 from flowrec.testing.specs import TINY
 
@@ -168,7 +168,7 @@ def test_ctrl_c_in_the_caller_stops_every_rank_and_says_the_call_that_continues_
     finally:
         if job.poll() is None:
             kill_tree(job.pid)
-            job.wait(timeout=30)
+            wait_bounded(job, 30)
     assert job.returncode == 130, err[-3000:]
     assert not [p for p in launch if _alive(p)]  # the launcher and both ranks: killed and joined
     said = out.split("interrupted: ", 1)[1].strip()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from flowrec.testing.processes import readline_bounded, run_bounded
+from flowrec.testing.processes import communicate_bounded, kill_tree, readline_bounded, run_bounded, wait_bounded
 from flowrec.testing.ranks import subprocess_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -163,20 +163,20 @@ def test_a_conversion_replacing_a_dataset_waits_for_its_readers(tmp_path: Path) 
         waiting = readline_bounded(writer, writer.stderr, TIMEOUT_S)  # its wait; before, its exit: ""
         assert "waiting for the flowrec processes reading ds" in waiting, waiting
         assert writer.poll() is None
-        read, err = reader.communicate("go\n", timeout=TIMEOUT_S)
+        read, err = communicate_bounded(reader, TIMEOUT_S, "go\n")
         assert reader.returncode == 0, err[-2000:]
         rows, total = read.split()
         assert int(rows) == 3000 and float(total) == pytest.approx(float(old["d1"].to_numpy().sum()))
-        _, err = writer.communicate(timeout=TIMEOUT_S)
+        _, err = communicate_bounded(writer, TIMEOUT_S)
         assert writer.returncode == 0, err[-2000:]
         assert pq.read_table(tmp_path / "ds", columns=["d1"]).num_rows == 500
         assert sorted(p.name for p in tmp_path.iterdir()) == ["ds", "spec.yaml"]  # no .ds.old-* left
     finally:
         for process in (reader, writer):
             if process is not None and process.poll() is None:
-                process.kill()
+                kill_tree(process.pid)
             if process is not None:
-                process.wait(timeout=TIMEOUT_S)
+                wait_bounded(process, TIMEOUT_S)
 
 
 # the process sends itself SIGTERM as calibrate measures and as eval scores
@@ -302,15 +302,15 @@ def test_a_run_encoding_its_changed_bound_data_again_waits_for_the_readers_of_ru
             assert time.monotonic() < deadline, said
             time.sleep(0.05)
         assert encoding.is_alive() and rows(data) == 60, said  # the reader's rows are all still there
-        holder.communicate("done\n", timeout=TIMEOUT_S)
+        communicate_bounded(holder, TIMEOUT_S, "done\n")
         encoding.join(TIMEOUT_S)
         assert not encoding.is_alive()
         assert rows(data) == 100 and any("encoding it again" in s for s in said), said
         assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["data"]  # no .data.old-* left
     finally:
         if holder.poll() is None:
-            holder.kill()
-        holder.wait(timeout=30)
+            kill_tree(holder.pid)
+        wait_bounded(holder, 30)
         if encoding.is_alive():
             encoding.join(TIMEOUT_S)
 
@@ -362,13 +362,13 @@ def test_a_signal_while_any_command_works_is_one_line_and_exit_130(
         deadline = time.monotonic() + TIMEOUT_S
         while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert marker.exists(), proc.communicate(timeout=TIMEOUT_S)
+        assert marker.exists(), communicate_bounded(proc, TIMEOUT_S)
         proc.send_signal(getattr(signal, sig))
-        out, err = proc.communicate(timeout=TIMEOUT_S)
+        out, err = communicate_bounded(proc, TIMEOUT_S)
     finally:
         if proc.poll() is None:
-            proc.kill()
-            proc.communicate(timeout=30)
+            kill_tree(proc.pid)
+            communicate_bounded(proc, 30)
     assert proc.returncode == 130, (proc.returncode, err[-2000:])
     assert err.strip().splitlines() == [f"error: interrupted ({says})"], err[-2000:]
     assert "never stopped" not in out + err

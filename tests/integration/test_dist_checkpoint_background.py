@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 from flowrec.runtime.checkpoint.store import load_checkpoint
-from flowrec.testing.processes import communicate_bounded
+from flowrec.testing.processes import communicate_bounded, kill_tree, wait_bounded
 from flowrec.testing.ranks import assert_same_model, run_flowrec, subprocess_env
 from flowrec.testing.specs import TINY
 
@@ -111,8 +111,8 @@ def finish(procs: list[subprocess.Popen]) -> list[tuple[int, str]]:
     finally:
         for p in procs:
             if p.poll() is None:
-                p.kill()
-                p.wait(timeout=30)
+                kill_tree(p.pid)
+                wait_bounded(p, 30)
     return out
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from flowrec.runtime.distributed import local_row_count
+from flowrec.testing.processes import kill_tree, wait_bounded
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER = REPO / "tests" / "dist_worker.py"
@@ -45,12 +46,12 @@ def launch(mode: str, world: int, out: Path, timeout_s: float, cases: tuple[str,
              for r in range(world)]
     deadline = time.monotonic() + LAUNCH_TIMEOUT_S
     try:
-        codes = [p.wait(timeout=max(1.0, deadline - time.monotonic())) for p in procs]
+        codes = [wait_bounded(p, max(1.0, deadline - time.monotonic())) for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:
-                p.kill()
-                p.wait(timeout=30)
+                kill_tree(p.pid)
+                wait_bounded(p, 30)
     return codes, [(out / f"log{r}").read_text(errors="replace")[-3000:] for r in range(world)]
 
 

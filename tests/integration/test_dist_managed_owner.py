@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from flowrec.testing.processes import kill_tree, wait_bounded
+
 REPO = Path(__file__).resolve().parents[2]
 STEPS, BATCH = 24, 40
 START_S = 120  # the rendezvous: a loaded machine starts the processes seconds apart (a 3 s one failed)
@@ -178,12 +180,12 @@ def launch(mode: str, out: Path, seed: int, timeout_s: float, world: int = 2) ->
                               stderr=subprocess.STDOUT) for r in range(world)]
     try:
         deadline = time.monotonic() + RUN_S
-        codes = [p.wait(timeout=max(1.0, deadline - time.monotonic())) for p in procs]
+        codes = [wait_bounded(p, max(1.0, deadline - time.monotonic())) for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:
-                p.kill()
-                p.wait(timeout=30)
+                kill_tree(p.pid)
+                wait_bounded(p, 30)
     logs = [(out / f"log{r}").read_text(errors="replace")[-3000:] for r in range(world)]
     assert codes == [0] * world, logs
     return [json.loads((out / f"rank{r}.json").read_text()) if (out / f"rank{r}.json").exists() else None

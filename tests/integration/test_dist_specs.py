@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from flowrec.testing.processes import communicate_bounded
+from flowrec.testing.processes import communicate_bounded, kill_tree, wait_bounded
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 400
@@ -40,8 +40,8 @@ def reports(tmp_path_factory) -> list[dict]:
     finally:
         for p in procs:
             if p.poll() is None:
-                p.kill()
-                p.wait(timeout=30)
+                kill_tree(p.pid)
+                wait_bounded(p, 30)
     assert [p.returncode for p in procs] == [0, 0], "\n".join(e[-2000:] for e in errors)
     return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
 

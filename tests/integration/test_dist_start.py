@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from flowrec.testing.processes import communicate_bounded
+from flowrec.testing.processes import communicate_bounded, kill_tree, wait_bounded
 
 REPO = Path(__file__).resolve().parents[2]
 RUN_S = 300  # every process
@@ -44,8 +44,8 @@ def _finish(procs: list[subprocess.Popen]) -> list[tuple[int, str]]:
     finally:
         for p in procs:
             if p.poll() is None:
-                p.kill()
-                p.wait(timeout=30)
+                kill_tree(p.pid)
+                wait_bounded(p, 30)
     return results
 
 

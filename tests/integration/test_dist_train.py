@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flowrec.testing.processes import communicate_bounded, descendants, kill_tree, run_bounded
+from flowrec.testing.processes import communicate_bounded, descendants, kill_tree, run_bounded, wait_bounded
 from flowrec.testing.ranks import assert_same_model, run_flowrec, subprocess_env
 from flowrec.testing.specs import TINY
 
@@ -231,14 +231,14 @@ def test_a_dead_or_hung_rank_makes_the_other_exit_within_the_timeout(work, how):
         _wait_for_steps(work / f"r_kill_{how.name}" / "metrics.jsonl", procs, 3)
         procs[1].send_signal(how)
         killed_at = time.monotonic()
-        code = procs[0].wait(timeout=timeout_s + 60)
+        code = wait_bounded(procs[0], timeout_s + 60)
         waited = time.monotonic() - killed_at
         err = procs[0].stderr.read()
     finally:
         for p in procs:
             if p.poll() is None:
-                p.kill()
-            p.wait(timeout=30)
+                kill_tree(p.pid)
+            wait_bounded(p, 30)
     assert code == 4, err[-2000:]
     assert waited < timeout_s + 30, (waited, err[-2000:])
     last = [line for line in err.splitlines() if line.strip()][-1]
@@ -265,7 +265,7 @@ def test_max_restarts_ends_like_an_uninterrupted_run(work):
     finally:
         if job.poll() is None:  # with torch's launcher, in a session of its own, and the ranks
             kill_tree(job.pid)
-            job.wait(timeout=30)
+            wait_bounded(job, 30)
     assert job.returncode == 0, err[-3000:]
     assert "restart 1: continuing r_restart from its last checkpoint" in err
     assert_same_model(work / "r_ref6", work / "r_restart")

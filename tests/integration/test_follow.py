@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from flowrec.cli import app
 from flowrec.runtime.checkpoint.store import load_checkpoint
-from flowrec.testing.processes import run_bounded
+from flowrec.testing.processes import run_bounded, wait_bounded
 
 SPEC = Path(__file__).with_name("test_managed_runs.py").read_text().split('SPEC = """')[1].split('"""')[0]
 runner = CliRunner()
@@ -96,7 +96,7 @@ def test_a_kill_during_a_day_then_the_same_command_ends_bitwise_equal(days, tmp_
     while not target.is_file() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=60)
+    wait_bounded(proc, 60)
     assert target.is_file() and "2026-11-03" not in (cut / "follow.json").read_text()  # cut in the middle of day 2
     again = run_bounded(argv, cwd=tmp_path, env=env, capture_output=True, timeout_s=600)
     assert again.returncode == 0, again.stderr.decode()[-2000:]

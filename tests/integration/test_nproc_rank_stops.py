@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flowrec.testing.processes import communicate_bounded, kill_tree, run_bounded
+from flowrec.testing.processes import communicate_bounded, kill_tree, run_bounded, wait_bounded
 from flowrec.testing.ranks import run_flowrec, subprocess_env
 from flowrec.testing.specs import TINY
 
@@ -176,7 +176,7 @@ def test_a_rank_killed_in_training_is_named_without_gloos_words(work: Path) -> N
     finally:
         if job.poll() is None:  # with torch's launcher, in a session of its own, and the ranks
             kill_tree(job.pid)
-            job.wait(timeout=30)
+            wait_bounded(job, 30)
     assert job.returncode == 128 + 9, err[-3000:]
     other = [line for line in err.splitlines() if line.startswith(f"error: rank {1 - killed}: ")]
     assert len(other) == 1 and "another rank failed" in other[0], err[-3000:]

@@ -20,7 +20,7 @@ from typing import Callable
 import pytest
 import yaml
 
-from flowrec.testing.processes import communicate_bounded, descendants, kill_tree
+from flowrec.testing.processes import communicate_bounded, descendants, kill_tree, wait_bounded
 from flowrec.testing.ranks import assert_same_model, run_flowrec, subprocess_env
 from flowrec.testing.specs import TINY
 
@@ -95,7 +95,7 @@ def test_a_signal_to_the_launch_stops_every_rank_and_the_printed_command_continu
     finally:
         if job.poll() is None:
             kill_tree(job.pid)
-            job.wait(timeout=30)
+            wait_bounded(job, 30)
     _assert_gone(launch, err)
     assert job.returncode == 128 + sig, err[-3000:]
     printed = [line for line in err.splitlines() if "continue with  flowrec" in line]
@@ -121,7 +121,7 @@ def test_sigterm_to_one_process_checkpoints_like_ctrl_c(work: Path):
     finally:
         if job.poll() is None:
             kill_tree(job.pid)
-            job.wait(timeout=30)
+            wait_bounded(job, 30)
     assert job.returncode == 130 and "interrupted: checkpoint saved" in err, err[-3000:]
     words = shlex.split(err.split("continue with  ")[-1].splitlines()[0])
     assert words[-2:] == ["--resume", "run_one"], words
@@ -146,8 +146,8 @@ def test_a_rank_gets_sigterm_when_its_launcher_is_killed(tmp_path: Path):
         while not (pid_file.is_file() and pid_file.read_text()) and time.monotonic() < deadline:
             time.sleep(0.1)
         child = int(pid_file.read_text())
-        parent.kill()
-        parent.wait(timeout=30)
+        parent.kill()  # the launcher alone, as the OOM killer or a user kills it
+        wait_bounded(parent, 30)
         deadline = time.monotonic() + 30
         while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -156,8 +156,9 @@ def test_a_rank_gets_sigterm_when_its_launcher_is_killed(tmp_path: Path):
             os.kill(child, signal.SIGKILL)
         assert gone, "the rank outlived its launcher"
     finally:
-        parent.kill()
-        parent.wait(timeout=30)
+        if parent.poll() is None:  # (a reaped process's id may be another's by now)
+            kill_tree(parent.pid)
+        wait_bounded(parent, 30)
 
 
 def _signal_when_held(args: list[str], work: Path, env: dict, tmp_path: Path, held, sig: int,
@@ -191,15 +192,15 @@ def _signal_when_held(args: list[str], work: Path, env: dict, tmp_path: Path, he
                 "".join(said)[-3000:]
             (tmp_path / "release").write_text("")
         try:
-            job.wait(timeout=EXIT_S)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"still running {EXIT_S} s after {sig.name}: " + "".join(said)[-3000:])
+            wait_bounded(job, EXIT_S)
+        except AssertionError as late:  # the launch killed: what it said, read by `reader`, with the failure
+            pytest.fail(f"{late} (sent {sig.name}): " + "".join(said)[-3000:])
         reader.join(timeout=EXIT_S)
     finally:
         (tmp_path / "release").write_text("")
         if job.poll() is None:  # with torch's launcher, in a session of its own, and the ranks
             kill_tree(job.pid)
-            job.wait(timeout=30)
+            wait_bounded(job, 30)
     return job, launch, "".join(said)
 
 

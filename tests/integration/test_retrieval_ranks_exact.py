@@ -29,7 +29,7 @@ import pytest
 import torch
 import yaml
 
-from flowrec.testing.processes import communicate_bounded, run_bounded
+from flowrec.testing.processes import communicate_bounded, kill_tree, run_bounded, wait_bounded
 from operators.retrieval import in_batch_softmax
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,8 +98,8 @@ def reports(tmp_path_factory) -> list[dict]:
     finally:
         for p in procs:
             if p.poll() is None:
-                p.kill()
-                p.wait(timeout=30)
+                kill_tree(p.pid)
+                wait_bounded(p, 30)
     assert [p.returncode for p in procs] == [0, 0], "\n".join(e[-2000:] for e in errors)
     return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
 

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from flowrec.cli import app
 from flowrec.runtime.checkpoint.store import load_checkpoint
-from flowrec.testing.processes import run_bounded
+from flowrec.testing.processes import run_bounded, wait_bounded
 from flowrec.testing.specs import run_spec
 
 SPEC = run_spec("tiny_kill", batch_size=16)
@@ -69,7 +69,7 @@ def _kill_at_random_moment(proc: subprocess.Popen, run: Path, rng: random.Random
             time.sleep(0.002)
     if proc.poll() is None:
         proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=RUN_TIMEOUT_S)
+    wait_bounded(proc, RUN_TIMEOUT_S)
 
 
 def test_sigkill_at_random_moments_then_the_printed_command_ends_bitwise_equal(tmp_path: Path):
