@@ -119,9 +119,12 @@ def test_a_rank_killed_while_loading_its_data_is_the_one_named(work: Path) -> No
     done = _train(work, "--out", "killed", failing_rank="1:kill")
     assert done.returncode == 128 + 9 and "Traceback" not in done.stderr, done.stderr[-3000:]
     # rank 0: stopped by the launcher (an interrupt), or, where it met the closed connection first
-    # (building DDP), a lost rank's line where it was a traceback
+    # (building DDP), a lost rank's line where it was a traceback; or nothing, where the launcher's
+    # SIGTERM found it still starting, before its handler (on a loaded machine rank 0 can lag rank 1
+    # by seconds; a tiers run beside other work saw it), or past the launcher's 30 s shutdown (SIGKILL):
+    # then the launcher's line alone names what happened
     said = [line for line in done.stderr.splitlines() if line.startswith("error: rank 0: ")]
-    assert len(said) == 1 and ("interrupted (SIGTERM)" in said[0] or "another rank failed" in said[0]), said
+    assert len(said) <= 1 and all("interrupted (SIGTERM)" in s or "another rank failed" in s for s in said), said
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("error: training failed: rank(s) ") and last.endswith(
         " exited; the first, rank 1, was killed by signal 9 (SIGKILL) and wrote no message"), done.stderr[-3000:]
