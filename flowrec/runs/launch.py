@@ -83,7 +83,7 @@ def fresh_process_bytes() -> int | None:
     """The peak resident size of a fresh Python process that imports what a rank imports before it
     reads data (torch, the trainer); None where it cannot be measured (it failed, or took longer
     than FRESH_TIMEOUT_S: it is then killed; it starts no process of its own)."""
-    code = f"{FRESH_IMPORTS}; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)"
+    code = f"{FRESH_IMPORTS}, sys; sys.stdout.write(str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))"
     with subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                           text=True) as child:
         try:
