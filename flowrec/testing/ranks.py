@@ -7,9 +7,11 @@ Example:
 """
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,27 @@ import torch
 from flowrec.testing.processes import run_bounded
 
 LAUNCH_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+# a custom module (file text) whose third training call raises KeyError on rank 1 (one process: RANK
+# unset, as rank 1): a rank that fails of its own in the middle of training
+FLAKY_MODULE = textwrap.dedent('''
+    import os
+    from torch import nn
+
+
+    class Flaky(nn.Module):
+        """Raises KeyError at its third training call on rank 1 (one process: RANK unset, as rank 1)."""
+        def __init__(self, in_features):
+            super().__init__()
+            self.proj = nn.Linear(in_features, 3)
+            self.calls = 0
+
+        def forward(self, x):
+            if self.training:
+                self.calls += 1
+                if self.calls == 3 and os.environ.get("RANK", "1") == "1":
+                    raise KeyError("no such user")
+            return self.proj(x)
+''')
 
 
 def subprocess_env(root: Path) -> dict[str, str]:
@@ -64,3 +87,21 @@ def load_on_ranks(model_state: dict[str, Any], group: Any, world: int, seed: int
         load_whole_state(model, model_state)
         models.append(model)
     return models
+
+
+def tiny_ranks_folder(root: Path, name: str, repo: Path, timeout_s: float) -> Path:
+    """`root` holding the tiny spec (`flowrec.testing.specs.TINY`, named `name`, batch 50, 4 epochs,
+    seed 7, its second head on label2) as spec.yaml and 600 synthetic rows of it in d/ (seed 3)."""
+    import yaml
+
+    from flowrec.testing.specs import TINY
+
+    doc = copy.deepcopy(TINY)
+    doc["name"] = name
+    doc["training"] = {"batch_size": 50, "epochs": 4, "seed": 7}
+    doc["heads"][1]["label"] = "label2"
+    (root / "spec.yaml").write_text(yaml.safe_dump(doc))
+    made = run_flowrec("data", "synth", "spec.yaml", "--rows", "600", "--out", "d", "--seed", "3", "-q", cwd=root,
+                       root=repo, timeout_s=timeout_s)
+    assert made.returncode == 0, made.stderr
+    return root

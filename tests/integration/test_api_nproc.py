@@ -5,7 +5,6 @@ KeyboardInterrupt says the call that continues the run, which does. Each Python 
 subprocess under a deadline (`run_bounded`, `communicate_bounded`)."""
 from __future__ import annotations
 
-import copy
 import json
 import signal
 import subprocess
@@ -18,8 +17,7 @@ import pytest
 import yaml
 
 from flowrec.testing.processes import communicate_bounded, descendants, kill_tree, run_bounded, wait_bounded
-from flowrec.testing.ranks import assert_same_model, run_flowrec, subprocess_env
-from flowrec.testing.specs import TINY
+from flowrec.testing.ranks import FLAKY_MODULE, assert_same_model, run_flowrec, subprocess_env, tiny_ranks_folder
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 300  # every subprocess: a rank left waiting fails the test, never hangs it
@@ -28,16 +26,7 @@ EXIT_S = 150  # from Ctrl-C to the calling process's exit (the ranks' checkpoint
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("api_nproc")
-    doc = copy.deepcopy(TINY)
-    doc["name"] = "tiny_api_nproc"
-    doc["training"] = {"batch_size": 50, "epochs": 4, "seed": 7}
-    doc["heads"][1]["label"] = "label2"
-    (root / "spec.yaml").write_text(yaml.safe_dump(doc))
-    made = run_flowrec("data", "synth", "spec.yaml", "--rows", "600", "--out", "d", "--seed", "3", "-q", cwd=root,
-                       root=ROOT, timeout_s=TIMEOUT_S)
-    assert made.returncode == 0, made.stderr
-    return root
+    return tiny_ranks_folder(tmp_path_factory.mktemp("api_nproc"), "tiny_api_nproc", ROOT, TIMEOUT_S)
 
 
 def _python(code: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -81,29 +70,8 @@ def test_two_ranks_from_python_train_and_resume_as_the_command_line_does(work: P
     assert_same_model(work / "cli", work / "py", tol=0)
 
 
-FLAKY = textwrap.dedent('''
-    import os
-    from torch import nn
-
-
-    class Flaky(nn.Module):
-        """Raises KeyError at its third training call on rank 1."""
-        def __init__(self, in_features):
-            super().__init__()
-            self.proj = nn.Linear(in_features, 3)
-            self.calls = 0
-
-        def forward(self, x):
-            if self.training:
-                self.calls += 1
-                if self.calls == 3 and os.environ.get("RANK") == "1":
-                    raise KeyError("no such user")
-            return self.proj(x)
-''')
-
-
 def test_a_failing_rank_is_one_ranks_failed_with_its_line(tmp_path: Path):
-    (tmp_path / "flaky.py").write_text(FLAKY)
+    (tmp_path / "flaky.py").write_text(FLAKY_MODULE)
     doc = {"name": "flaky",
            "features": [{"name": "x0", "type": "dense"}, {"name": "x1", "type": "dense"},
                         {"name": "user", "type": "categorical", "hash_buckets": 300, "dim": 8}],

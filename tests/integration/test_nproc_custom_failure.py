@@ -4,38 +4,18 @@ ends it: status 2, the module's line, and the run folder of a run that wrote no 
 from __future__ import annotations
 
 import random
-import textwrap
 from pathlib import Path
 
 import yaml
 
-from flowrec.testing.ranks import run_flowrec
+from flowrec.testing.ranks import FLAKY_MODULE, run_flowrec
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 300  # every subprocess: a rank left waiting for the other fails the test, never hangs it
-CLASS = textwrap.dedent('''
-    import os
-    from torch import nn
-
-
-    class Flaky(nn.Module):
-        """Raises KeyError at its third training call on rank 1 (one process: RANK unset, as rank 1)."""
-        def __init__(self, in_features):
-            super().__init__()
-            self.proj = nn.Linear(in_features, 3)
-            self.calls = 0
-
-        def forward(self, x):
-            if self.training:
-                self.calls += 1
-                if self.calls == 3 and os.environ.get("RANK", "1") == "1":
-                    raise KeyError("no such user")
-            return self.proj(x)
-''')
 
 
 def _spec(tmp_path: Path) -> Path:
-    (tmp_path / "flaky.py").write_text(CLASS)
+    (tmp_path / "flaky.py").write_text(FLAKY_MODULE)
     doc = {"name": "flaky",
            "features": [{"name": "x0", "type": "dense"}, {"name": "x1", "type": "dense"},
                         {"name": "user", "type": "categorical", "hash_buckets": 300, "dim": 8}],

@@ -5,7 +5,6 @@ step and exit, no process of the launch is left, and the printed resume command 
 A signal as the run finishes (its final checkpoint, its closing lines) is one line of what was kept."""
 from __future__ import annotations
 
-import copy
 import os
 import random
 import shlex
@@ -18,11 +17,9 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-import yaml
 
 from flowrec.testing.processes import communicate_bounded, descendants, kill_tree, wait_bounded
-from flowrec.testing.ranks import assert_same_model, run_flowrec, subprocess_env
-from flowrec.testing.specs import TINY
+from flowrec.testing.ranks import assert_same_model, run_flowrec, subprocess_env, tiny_ranks_folder
 
 ROOT = Path(__file__).resolve().parents[2]
 FAULTS = ROOT / "tests" / "faults"  # holds a rank at a given point (sitecustomize.py)
@@ -34,16 +31,7 @@ pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="f
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("nproc_signals")
-    doc = copy.deepcopy(TINY)
-    doc["name"] = "tiny_signals"
-    doc["training"] = {"batch_size": 50, "epochs": 4, "seed": 7}
-    doc["heads"][1]["label"] = "label2"
-    (root / "spec.yaml").write_text(yaml.safe_dump(doc))
-    made = run_flowrec("data", "synth", "spec.yaml", "--rows", "600", "--out", "d", "--seed", "3", "-q", cwd=root,
-                       root=ROOT, timeout_s=TIMEOUT_S)
-    assert made.returncode == 0, made.stderr
-    return root
+    return tiny_ranks_folder(tmp_path_factory.mktemp("nproc_signals"), "tiny_signals", ROOT, TIMEOUT_S)
 
 
 def _args(out: str, nproc: int = 2) -> list[str]:
