@@ -242,44 +242,17 @@ def _stop(launcher: subprocess.Popen, sig: int, wait_s: float) -> None:
 
 
 def _kill_launch(launcher: subprocess.Popen) -> None:
-    """SIGKILL the launcher and every process under it (the ranks, in sessions of their own), and
-    wait until all are gone (the launcher reaped; its orphaned ranks reaped by init). Each is
-    stopped first (SIGSTOP), the launcher before its ranks are listed, so none starts another (a
-    restart under max_restarts) before the kill."""
-    _send(launcher.pid, signal.SIGSTOP)
-    launch = [launcher.pid, *descendants(launcher.pid)]
-    for pid in launch[1:]:
-        _send(pid, signal.SIGSTOP)
-    for pid in launch:
-        _send(pid, signal.SIGKILL)
+    """SIGKILL the launcher and every process under it (the ranks, in sessions of their own;
+    `proctree.kill_tree`: each stopped first, so none starts another, a restart under max_restarts,
+    before the kill), and wait until all are gone (the launcher reaped; its orphaned ranks reaped by
+    init)."""
+    from flowrec.runtime.proctree import kill_tree
+
+    launch = kill_tree(launcher.pid)
     launcher.wait()
     deadline = time.monotonic() + 30  # SIGKILL cannot be caught: the kernel ends them at once
     while any(_running(pid) for pid in launch[1:]) and time.monotonic() < deadline:
         time.sleep(0.05)
-
-
-def _send(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except OSError:  # gone already
-        pass
-
-
-def descendants(pid: int) -> list[int]:
-    """The processes under `pid` at any depth (Linux's /proc; elsewhere none are found)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(parent, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        kids = children.get(todo.pop(), [])
-        found += kids
-        todo += kids
-    return found
 
 
 def _running(pid: int) -> bool:

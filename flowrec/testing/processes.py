@@ -17,56 +17,18 @@ Example:
 """
 from __future__ import annotations
 
-import os
 import shlex
-import signal
 import subprocess
 import threading
-from pathlib import Path
 from typing import Any, Callable, Sequence
+
+from flowrec.runtime.proctree import descendants, kill_tree  # the walk and the kill, shared with flowrec.runs
+
+__all__ = ["TreeTimeout", "call_within", "communicate_bounded", "communicate_tree", "descendants", "kill_tree",
+           "readline_bounded", "run_bounded", "run_tree", "wait_bounded"]
 
 TAIL_CHARS = 3000  # of each of stdout and stderr, in a timed-out child's failure
 REAP_S = 30  # after the kill: the pipes close once every process holding them is gone
-
-
-def descendants(pid: int) -> list[int]:
-    """Process ids below `pid`, parents before children (Linux /proc; elsewhere none)."""
-    parents: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    out, todo = [], [pid]
-    while todo:
-        kids = parents.get(todo.pop(0), [])
-        out += kids
-        todo += kids
-    return out
-
-
-def kill_tree(pid: int) -> None:
-    """SIGKILL `pid` and every process below it: each is stopped first (SIGSTOP), until a look finds
-    no new one, so that none starts another (torch's launcher restarting ranks) or is orphaned
-    (and so lost to the walk) before the kill."""
-    seen: list[int] = []
-    for _ in range(10):  # a process started between looks is found by the next
-        new = [p for p in [pid, *descendants(pid)] if p not in seen]
-        if not new:
-            break
-        for p in new:
-            _send(p, signal.SIGSTOP)
-        seen += new
-    for p in seen:
-        _send(p, signal.SIGKILL)
-
-
-def _send(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except OSError:  # gone already
-        pass
 
 
 class TreeTimeout(subprocess.TimeoutExpired):

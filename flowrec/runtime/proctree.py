@@ -1,0 +1,57 @@
+"""A process and every process below it (Linux's /proc; elsewhere none are found below it): the
+walk and the kill that `flowrec.train(..., nproc=N)` stops a launch with (`flowrec.runs.launch`) and
+that the tests' deadlines use (`flowrec.testing.processes`). The ranks of torch's launcher run in
+sessions of their own, out of reach of a kill of the launcher or of its process group.
+
+Example:
+    >>> import os
+    >>> os.getpid() in descendants(os.getppid()), descendants(os.getpid())
+    (True, [])
+"""
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+
+def descendants(pid: int) -> list[int]:
+    """Process ids below `pid` at any depth, parents before children."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(0), [])
+        found += kids
+        todo += kids
+    return found
+
+
+def kill_tree(pid: int) -> list[int]:
+    """SIGKILL `pid` and every process below it; the ids killed, `pid` first. Each is stopped first
+    (SIGSTOP), until a look finds no new one, so that none starts another (torch's launcher
+    restarting ranks) or is orphaned (and so lost to the walk) before the kill."""
+    seen: list[int] = []
+    for _ in range(10):  # a process started between looks is found by the next
+        new = [p for p in [pid, *descendants(pid)] if p not in seen]
+        if not new:
+            break
+        for p in new:
+            send(p, signal.SIGSTOP)
+        seen += new
+    for p in seen:
+        send(p, signal.SIGKILL)
+    return seen
+
+
+def send(pid: int, sig: int) -> None:
+    """Signal `pid`; nothing where it is gone already."""
+    try:
+        os.kill(pid, sig)
+    except OSError:
+        pass
