@@ -105,3 +105,22 @@ def tiny_ranks_folder(root: Path, name: str, repo: Path, timeout_s: float) -> Pa
                        root=repo, timeout_s=timeout_s)
     assert made.returncode == 0, made.stderr
     return root
+
+
+def flaky_spec(folder: Path, seed: int) -> Path:
+    """folder/s.yaml: a spec whose custom module is `FLAKY_MODULE` (written to folder/flaky.py) over
+    two dense features and a 300-bucket categorical one, an MLP and one binary head, batch 32."""
+    import yaml
+
+    (folder / "flaky.py").write_text(FLAKY_MODULE)
+    doc = {"name": "flaky",
+           "features": [{"name": "x0", "type": "dense"}, {"name": "x1", "type": "dense"},
+                        {"name": "user", "type": "categorical", "hash_buckets": 300, "dim": 8}],
+           "modules": [{"name": "mine", "kind": "custom", "class": f"{folder / 'flaky.py'}:Flaky",
+                        "inputs": ["@dense", "@sparse"], "params": {"in_features": 10}},
+                       {"name": "top", "kind": "mlp", "inputs": ["mine"], "layers": [4]}],
+           "heads": [{"name": "ctr", "input": "top"}],
+           "optimizer": {"dense": {"name": "adam", "lr": 0.01}, "sparse": {"name": "adagrad", "lr": 0.05}},
+           "training": {"batch_size": 32, "seed": seed}}
+    (folder / "s.yaml").write_text(yaml.safe_dump(doc))
+    return folder / "s.yaml"

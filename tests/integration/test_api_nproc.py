@@ -14,10 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from flowrec.testing.processes import communicate_bounded, descendants, kill_tree, run_bounded, wait_bounded
-from flowrec.testing.ranks import FLAKY_MODULE, assert_same_model, run_flowrec, subprocess_env, tiny_ranks_folder
+from flowrec.testing.ranks import assert_same_model, flaky_spec, run_flowrec, subprocess_env, tiny_ranks_folder
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 300  # every subprocess: a rank left waiting fails the test, never hangs it
@@ -71,17 +70,7 @@ def test_two_ranks_from_python_train_and_resume_as_the_command_line_does(work: P
 
 
 def test_a_failing_rank_is_one_ranks_failed_with_its_line(tmp_path: Path):
-    (tmp_path / "flaky.py").write_text(FLAKY_MODULE)
-    doc = {"name": "flaky",
-           "features": [{"name": "x0", "type": "dense"}, {"name": "x1", "type": "dense"},
-                        {"name": "user", "type": "categorical", "hash_buckets": 300, "dim": 8}],
-           "modules": [{"name": "mine", "kind": "custom", "class": f"{tmp_path / 'flaky.py'}:Flaky",
-                        "inputs": ["@dense", "@sparse"], "params": {"in_features": 10}},
-                       {"name": "top", "kind": "mlp", "inputs": ["mine"], "layers": [4]}],
-           "heads": [{"name": "ctr", "input": "top"}],
-           "optimizer": {"dense": {"name": "adam", "lr": 0.01}, "sparse": {"name": "adagrad", "lr": 0.05}},
-           "training": {"batch_size": 32, "seed": 5}}
-    (tmp_path / "s.yaml").write_text(yaml.safe_dump(doc))
+    flaky_spec(tmp_path, 5)
     py = _python("""
         import json, flowrec
         from flowrec.runs.errors import RunError

@@ -6,31 +6,15 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-import yaml
 
-from flowrec.testing.ranks import FLAKY_MODULE, run_flowrec
+from flowrec.testing.ranks import flaky_spec, run_flowrec
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 300  # every subprocess: a rank left waiting for the other fails the test, never hangs it
 
 
-def _spec(tmp_path: Path) -> Path:
-    (tmp_path / "flaky.py").write_text(FLAKY_MODULE)
-    doc = {"name": "flaky",
-           "features": [{"name": "x0", "type": "dense"}, {"name": "x1", "type": "dense"},
-                        {"name": "user", "type": "categorical", "hash_buckets": 300, "dim": 8}],
-           "modules": [{"name": "mine", "kind": "custom", "class": f"{tmp_path / 'flaky.py'}:Flaky",
-                        "inputs": ["@dense", "@sparse"], "params": {"in_features": 10}},
-                       {"name": "top", "kind": "mlp", "inputs": ["mine"], "layers": [4]}],
-           "heads": [{"name": "ctr", "input": "top"}],
-           "optimizer": {"dense": {"name": "adam", "lr": 0.01}, "sparse": {"name": "adagrad", "lr": 0.05}},
-           "training": {"batch_size": 32, "seed": random.randrange(1 << 20)}}
-    (tmp_path / "s.yaml").write_text(yaml.safe_dump(doc))
-    return tmp_path / "s.yaml"
-
-
 def test_a_custom_module_raising_on_one_rank_ends_the_run_as_one_process_does(tmp_path: Path) -> None:
-    _spec(tmp_path)
+    flaky_spec(tmp_path, random.randrange(1 << 20))
     rows = str(random.randrange(300, 500))
     one = run_flowrec("train", "s.yaml", "--rows", rows, "-q", "--device", "cpu", "--out", "one", cwd=tmp_path,
                       root=ROOT, timeout_s=TIMEOUT_S)
