@@ -3,10 +3,18 @@ walk and the kill that `flowrec.train(..., nproc=N)` stops a launch with (`flowr
 that the tests' deadlines use (`flowrec.testing.processes`). The ranks of torch's launcher run in
 sessions of their own, out of reach of a kill of the launcher or of its process group.
 
-Example:
-    >>> import os
-    >>> os.getpid() in descendants(os.getppid()), descendants(os.getpid())
-    (True, [])
+Example (a child with a grandchild, found and killed together):
+    >>> import os, subprocess, sys
+    >>> child = subprocess.Popen([sys.executable, "-c",
+    ...     "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
+    ...     "'import time; time.sleep(60)']); time.sleep(60)"])
+    >>> import time; deadline = time.monotonic() + 60
+    >>> while not descendants(child.pid) and time.monotonic() < deadline: time.sleep(0.05)
+    >>> below = descendants(child.pid)
+    >>> os.getpid() in descendants(os.getppid()), child.pid in descendants(os.getpid()), len(below)
+    (True, True, 1)
+    >>> kill_tree(child.pid) == [child.pid, *below], child.wait(timeout=30)
+    (True, -9)
 """
 from __future__ import annotations
 
