@@ -43,6 +43,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from flowrec.runtime.proctree import descendants, kill_tree, send  # noqa: E402
 from flowrec.testing.processes import run_tree  # noqa: E402
 
 SWEEP = "tests/gpu/test_specs_gpu.py"
@@ -120,7 +121,7 @@ def environment(lease: Lease) -> dict[str, str]:
 
 def run_command(argv: list[str], limit_s: float, log: Log, env: dict[str, str]) -> int | None:
     """Run `argv` with its output in the log; the exit code, or None when it was stopped at `limit_s`
-    (its whole process group: a step's children go with it)."""
+    (`stop_tree`: its process group and every process below it, those in sessions of their own too)."""
     proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, errors="replace", start_new_session=True)
     deadline = time.monotonic() + limit_s
@@ -135,7 +136,8 @@ def run_command(argv: list[str], limit_s: float, log: Log, env: dict[str, str]) 
 
 
 class _Killer:
-    """Stops a process group at a deadline (a thread, so that reading its output never blocks it)."""
+    """Stops a process and all below it at a deadline (a thread, so that reading its output never
+    blocks it)."""
 
     def __init__(self, proc: subprocess.Popen, deadline: float) -> None:
         import threading
@@ -155,13 +157,39 @@ class _Killer:
         if self._done.wait(max(0.0, self.deadline - time.monotonic())):
             return
         self.fired = True
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                return
-            if self._done.wait(5.0):
-                return
+        stop_tree(self.proc.pid)
+
+
+def stop_tree(pid: int, grace_s: float = 5.0) -> None:
+    """SIGTERM to `pid`'s process group and to every process below it (torch's launcher starts its
+    ranks in sessions of their own, out of the group's reach), SIGKILL to whatever is left of them
+    after `grace_s`."""
+    tree = [pid, *descendants(pid)]
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    for p in tree:
+        send(p, signal.SIGTERM)
+    end = time.monotonic() + grace_s
+    while time.monotonic() < end and any(_alive(p) for p in tree):
+        time.sleep(0.1)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    killed = kill_tree(pid) if _alive(pid) else []
+    for p in tree:
+        if p not in killed and _alive(p):
+            send(p, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    """`pid` runs (a zombie waiting for its parent's wait is not running)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def shard(ids: list[str], n: int) -> list[list[str]]:
@@ -207,7 +235,7 @@ def sweep(lease: Lease, limit_s: float, log: Log) -> int:
         try:
             codes.append(proc.wait(timeout=max(0.1, deadline - time.monotonic())))
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            stop_tree(proc.pid, grace_s=0.0)
             proc.wait(timeout=REAP_S)
             codes.append(None)
         text.close()

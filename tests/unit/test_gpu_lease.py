@@ -36,10 +36,15 @@ def test_shard_files_are_merged_and_a_missing_one_is_left_out(tmp_path):
 
 def test_steps_run_in_order_and_the_budget_stops_and_skips(tmp_path, monkeypatch):
     monkeypatch.setattr(gpu_lease, "MIN_STEP_S", 0.5)
-    pid_file = tmp_path / "child.pid"
-    # the slow step starts a child of its own and outlives the budget: both must be stopped
+    pid_file, own_pid_file = tmp_path / "child.pid", tmp_path / "own_session.pid"
+    # the slow step starts a child of its own, and one in a session of its own deaf to SIGTERM (as
+    # torch's launcher starts its ranks: out of reach of a kill of the group), and outlives the
+    # budget: all three must be stopped
+    deaf = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
     slow = ("import subprocess, sys, time\n"
             f"p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+            f"q = subprocess.Popen([sys.executable, '-c', {deaf!r}], start_new_session=True)\n"
+            f"open({str(own_pid_file)!r}, 'w').write(str(q.pid))\n"
             f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
             "print('slow started', flush=True)\n"
             "time.sleep(60)\n")
@@ -63,17 +68,18 @@ def test_steps_run_in_order_and_the_budget_stops_and_skips(tmp_path, monkeypatch
     assert outcomes[3].status == "skipped (budget)" and "after ran" not in seen
     text = (out / "log.txt").read_text()
     assert "slow started" in text and "=== after: skipped" in text
-    child = int(pid_file.read_text())
-    for _ in range(50):  # the group's SIGTERM reaches the child at once; allow it to be reaped
-        try:
-            os.kill(child, 0)
-        except ProcessLookupError:
-            break
-        if Path(f"/proc/{child}/stat").is_file() and Path(f"/proc/{child}/stat").read_text().split()[2] == "Z":
-            break  # a zombie waiting for init: dead
-        time.sleep(0.1)
-    else:
-        pytest.fail(f"the slow step's child {child} outlived the step")
+    for child in (int(pid_file.read_text()), int(own_pid_file.read_text())):
+        for _ in range(50):  # the SIGTERM or SIGKILL reached it when the step stopped; allow it to be reaped
+            try:
+                os.kill(child, 0)
+            except ProcessLookupError:
+                break
+            stat = Path(f"/proc/{child}/stat")
+            if stat.is_file() and stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                break  # a zombie waiting for init: dead
+            time.sleep(0.1)
+        else:
+            pytest.fail(f"the slow step's child {child} outlived the step")
 
 
 def test_the_bf16_spec_is_the_dlrm_spec_in_bf16(tmp_path):
