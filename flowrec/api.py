@@ -359,10 +359,6 @@ def _ranks_asked(spec: Any, out: Any, resume: Any, nproc: Any, max_restarts: Any
 
 # train()'s defaults that mean "not given": a resume keeps the run's own, the ranks get no flag for them
 GIVEN_DEFAULTS = {"rows": DEFAULT_ROWS, "device": "auto", "checkpoint_every": 0}
-RANK_FLAGS = {"data": "--data", "eval_data": "--eval-data", "epochs": "--epochs", "max_steps": "--max-steps",
-              "eval_every": "--eval-every", "checkpoint_every": "--checkpoint-every", "device": "--device",
-              "device_budget": "--device-budget", "rows": "--rows", "seed": "--seed",
-              "cache_data": "--cache-data"}  # train()'s options as `flowrec train` names them for its ranks
 
 
 def _train_on_ranks(spec: str | Path, model_spec: ModelSpec, folder: Path | None, continued: Path | None,
@@ -377,7 +373,7 @@ def _train_on_ranks(spec: str | Path, model_spec: ModelSpec, folder: Path | None
     from flowrec.runs.errors import RunError
     from flowrec.runs.folder import claim_run_folder
     from flowrec.runs.launch import (RanksFailed, check_ranks_cache, check_ranks_data, check_ranks_fit,
-                                     check_ranks_have_gpus, run_launch)
+                                     check_ranks_have_gpus, python_words, run_launch)
     from flowrec.runtime.rundir import folder_state
 
     if continued is not None:
@@ -404,8 +400,8 @@ def _train_on_ranks(spec: str | Path, model_spec: ModelSpec, folder: Path | None
         _warn_rows_ignored(given["rows"], {"data": data}, model_spec, stacklevel=4)
     args = _rank_args(spec, folder, continued is not None, overwrite, given, progress, bool(data or bound))
     launch = run_launch(nproc, max_restarts, args, sys.stderr.write if progress else None)
-    for line in launch.warnings:
-        warnings.warn(line, UserWarning, stacklevel=3)
+    for line in launch.warnings:  # in this call's words (`max_steps=`), as one process says them
+        warnings.warn(python_words(line), UserWarning, stacklevel=3)
     if launch.interrupt is not None:
         raise KeyboardInterrupt(_ranks_interrupted_line(launch, spec, folder, nproc, continued is not None))
     if launch.status != 0:
@@ -457,7 +453,9 @@ def _rank_args(spec: str | Path, folder: Path, resumed: bool, overwrite: bool, g
     word = str(Path(spec).expanduser())
     args = ["./" + word if word.startswith("-") else word, f"{'--resume' if resumed else '--out'}={folder}"]
     args += ["--overwrite"] if overwrite else []
-    for key, flag in RANK_FLAGS.items():
+    from flowrec.runs.launch import OPTION_FLAGS
+
+    for key, flag in OPTION_FLAGS.items():
         value = given.get(key)
         if value is None or (key in GIVEN_DEFAULTS and value == GIVEN_DEFAULTS[key]) or (key == "rows" and on_data):
             continue

@@ -139,3 +139,47 @@ def test_ctrl_c_in_the_caller_stops_every_rank_and_says_the_call_that_continues_
     """, work)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert resumed.stdout.split() == ["48"]  # 4 epochs of 12 steps (600 rows, batch 50)
+
+
+def test_the_ranks_own_errors_and_warnings_are_in_the_words_of_the_python_call(work: Path):
+    """What only the ranks find (a split whose test part is gone; evaluation labels of one class) was
+    said in the words of their command line: `give --eval-data DIR (eval_data=)`, "('-' in the table,
+    null in JSON)"; the RanksFailed line and the UserWarnings now name the call's keywords, as one
+    process's warnings do."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for name in ("split/train", "zeros"):  # d as a split whose test part is gone; d with label 0 everywhere
+        (work / name).mkdir(parents=True)
+        for path in (work / "d").iterdir():
+            (work / name / path.name).write_bytes(path.read_bytes())
+    meta = work / "split" / "train" / "_flowrec.json"
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "split": {"test_fraction": 0.2, "seed": 1}}))
+    for part in (work / "zeros").glob("*.parquet"):
+        table = pq.read_table(part)
+        column = table.schema.get_field_index("label")
+        pq.write_table(table.set_column(column, "label", pa.array([0.0] * table.num_rows, pa.float32())), part)
+    py = _python("""
+        import json, warnings, flowrec
+        from flowrec.runs.launch import RanksFailed
+
+        def said(**options):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                flowrec.train("spec.yaml", data="zeros", eval_data="zeros", max_steps=2, **options)
+            return sorted(str(w.message) for w in caught if "undefined" in str(w.message))
+
+        try:
+            flowrec.train("spec.yaml", data="split", out="split_run", max_steps=2, nproc=2)
+            failed = None
+        except RanksFailed as exc:
+            failed = str(exc)
+        print(json.dumps({"failed": failed, "one": said(out="z1"), "ranks": said(out="z2", nproc=2)}))
+    """, work)
+    assert py.returncode == 0, py.stderr[-3000:]
+    done = json.loads(py.stdout.splitlines()[-1])
+    assert done["failed"] == (
+        "training on 2 ranks failed (exit status 2): split/test is missing: split/train/_flowrec.json records a "
+        "split (test fraction 0.2) whose test part is gone, so nothing would be evaluated; restore it, or give "
+        "eval_data=DIR to evaluate on other data"), done["failed"]
+    assert done["one"] and done["ranks"] == done["one"], done  # '(NaN in the returned metrics)'

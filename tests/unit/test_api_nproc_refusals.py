@@ -222,3 +222,44 @@ def test_an_interrupted_launch_says_what_was_kept_and_the_call_that_continues_it
     assert _ranks_interrupted_line(whole, "s.yaml", folder, 2, False) == (
         f"interrupted (Ctrl-C) after the run finished: {folder} holds all of it; flowrec.load({str(folder)!r}) "
         "scores it")
+
+
+@pytest.mark.parametrize("line,said", [
+    # a rank's error naming the flags the call passed on: the keywords, as one process names them
+    ("ds/test is missing: ...; restore it, or give --eval-data DIR (eval_data=) to evaluate on other data",
+     "ds/test is missing: ...; restore it, or give eval_data=DIR to evaluate on other data"),
+    ("give the training data too (--data, data=, or data bound in the spec), not synthetic rows",
+     "give the training data too (data=, or data bound in the spec), not synthetic rows"),
+    ("put r/encoder back to resume, or start over (a new run, another --out)",
+     "put r/encoder back to resume, or start over (a new run, another out=)"),
+    ("put the missing files back, or start over with --out runs/x --overwrite",
+     "put the missing files back, or start over with out='runs/x', overwrite=True"),
+    ("--max-steps 10 is past the end; --seed 3 differs: leave --seed out, or --device cpu",
+     "max_steps=10 is past the end; seed=3 differs: leave seed= out, or device='cpu'"),
+    ("a rank's share under --nproc; --rows 400,000 synthetic rows", "a rank's share under nproc=; rows=400_000 synthetic rows"),
+    # the command that continues a run: the call that does
+    ("interrupted (SIGTERM) at step 7; continue with  flowrec train 'my s.yaml' --resume runs/a --nproc 2",
+     "interrupted (SIGTERM) at step 7; continue with  `flowrec.train('my s.yaml', resume='runs/a', nproc=2)`"),
+    ("records the encoder again: `flowrec train SPEC --resume r --max-steps=8`",
+     "records the encoder again: `flowrec.train(SPEC, resume='r', max_steps=8)`"),
+    # an undefined metric: as the returned metrics hold it
+    ("h1: every evaluation label is 0 (600 rows): auc is undefined ('-' in the table, null in JSON)",
+     "h1: every evaluation label is 0 (600 rows): auc is undefined (NaN in the returned metrics)"),
+    # unchanged: no flag, a flag no keyword stands for, a command of other flags (typed in a shell)
+    ("at step 3: custom module 'mine' raised KeyError: 'no such user'; no checkpoint was written", None),
+    ("3 of 10 batches were skipped (--nan-policy skip-batch); within --dist-timeout 300 s", None),
+    ("convert them with `flowrec data convert csv x DIR --spec s.yaml --on-error skip` and train on DIR", None),
+    ("start it again with `flowrec train SPEC --follow days --out RUN`", None),
+])
+def test_a_ranks_line_is_said_in_the_words_of_the_python_call(line: str, said: str | None) -> None:
+    from flowrec.runs.launch import python_words
+
+    assert python_words(line) == (said if said is not None else line)
+
+
+def test_a_failed_launch_names_the_python_keywords_not_the_ranks_flags() -> None:
+    lines = ["error: rank 0: d/test is missing: restore it, or give --eval-data DIR (eval_data=) to evaluate"]
+    failed = RanksFailed(2, 2, lines)
+    assert str(failed) == "training on 2 ranks failed (exit status 2): d/test is missing: restore it, or give " \
+                          "eval_data=DIR to evaluate"
+    assert failed.lines == lines  # the ranks' own output, as they wrote it
