@@ -430,6 +430,9 @@ def _ranks_resumption(spec: str | Path, model_spec: ModelSpec, folder: Path,
             return told, None
         raise
     with _RunGuard(lock, found):
+        if (started_from := _unstarted_init_from(folder)) is not None:  # the ranks start it from that run again,
+            # as `flowrec train SPEC --resume RUN --nproc N` does (one process refuses it: `init_from_unstarted_line`)
+            return None, given["data"] or started_from.get("data")
         run = read_resumption(folder, given, model_spec, label)
         if run.finished is not None:
             return finished_line(folder, run.finished.position, run.finished.epochs, run.settings,
@@ -439,6 +442,20 @@ def _ranks_resumption(spec: str | Path, model_spec: ModelSpec, folder: Path,
             _warn_other_synthetic_rows(given["rows"], folder, run.settings, run.spec,
                                        (run.recorded or {}).get("rows"), stacklevel=5)
     return None, run.settings["data"]
+
+
+def _unstarted_init_from(folder: Path) -> dict[str, Any] | None:
+    """The run.json of the run in `folder` where it was started from another (`flowrec train
+    --init-from`) and stopped before its first checkpoint, else None. Its ranks' `flowrec train SPEC
+    --resume RUN` starts it from that run again, with the checks of the command line (in its words,
+    said in the call's by `python_words`); flowrec.train on one process cannot (it takes no init_from=)."""
+    from flowrec.runs.settings import read_run_file
+    from flowrec.runtime.checkpoint.store import CHECKPOINT_NAME
+
+    if (folder / CHECKPOINT_NAME).is_file():
+        return None
+    recorded = read_run_file(folder)
+    return recorded if recorded and recorded.get("init_from") else None
 
 
 def _rank_args(spec: str | Path, folder: Path, resumed: bool, overwrite: bool, given: dict[str, Any],

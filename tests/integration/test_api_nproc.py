@@ -183,3 +183,23 @@ def test_the_ranks_own_errors_and_warnings_are_in_the_words_of_the_python_call(w
         "split (test fraction 0.2) whose test part is gone, so nothing would be evaluated; restore it, or give "
         "eval_data=DIR to evaluate on other data"), done["failed"]
     assert done["one"] and done["ranks"] == done["one"], done  # '(NaN in the returned metrics)'
+
+
+def test_a_run_started_from_another_that_never_checkpointed_starts_on_ranks_as_the_command_line_starts_it(
+        work: Path):
+    """`flowrec train SPEC --resume RUN --nproc 2` starts a run of `--init-from` that stopped before its
+    first checkpoint from its parent again; `flowrec.train(SPEC, resume=RUN, nproc=2)` refused it with
+    the one-process line ('flowrec.train does not start a run from another'), though its ranks are that
+    command's. It now hands the run to them (test_api_nproc_refusals: with the command's arguments),
+    and they start it from its parent."""
+    py = _python("""
+        import json, os, flowrec
+        flowrec.train("spec.yaml", data="d", out="parent", max_steps=2)
+        recorded = json.load(open("parent/run.json"))
+        os.mkdir("child")  # as `flowrec train --init-from parent --out child` leaves it, stopped at once
+        json.dump({**recorded, "init_from": "parent"}, open("child/run.json", "w"))
+        print(flowrec.train("spec.yaml", resume="child", max_steps=4, nproc=2, progress=True).trained.step)
+    """, work)
+    assert py.returncode == 0, py.stderr[-3000:]
+    assert py.stdout.split() == ["4"]
+    assert "starting from parent (parameters" in py.stderr, py.stderr[-3000:]  # the ranks' line (progress=True)

@@ -263,3 +263,29 @@ def test_a_failed_launch_names_the_python_keywords_not_the_ranks_flags() -> None
     assert str(failed) == "training on 2 ranks failed (exit status 2): d/test is missing: restore it, or give " \
                           "eval_data=DIR to evaluate"
     assert failed.lines == lines  # the ranks' own output, as they wrote it
+
+
+def test_a_run_started_from_another_that_never_checkpointed_goes_to_the_ranks_as_on_the_command_line(
+        finished_run: Path, tmp_path: Path, monkeypatch) -> None:
+    """`flowrec train SPEC --resume RUN --nproc 2` starts such a run from its parent again; the Python
+    call on 2 ranks refused it with the one-process line ('flowrec.train does not start a run from
+    another'), though its ranks are that command's. It now hands it to them, as the command line does."""
+    import json
+
+    class Launched(Exception):
+        pass
+
+    def launched(nproc, max_restarts, args, *rest, **kwargs):
+        raise Launched(args)
+
+    monkeypatch.setattr("flowrec.runs.launch.run_launch", launched)
+    monkeypatch.chdir(finished_run)
+    child = tmp_path / "child"  # as `flowrec train --init-from done --out child` leaves it, stopped at once
+    child.mkdir()
+    recorded = json.loads((finished_run / "done" / "run.json").read_text())
+    (child / "run.json").write_text(json.dumps({**recorded, "init_from": str(finished_run / "done")}))
+    with pytest.raises(Launched) as exc:
+        flowrec.train("s.yaml", resume=child, max_steps=3, nproc=2)
+    assert exc.value.args[0] == ["s.yaml", f"--resume={child}", "--max-steps=3", "-q"]  # rows= left out: on data
+    with pytest.raises(RunError, match="does not start a run from another"):  # one process: still refused
+        flowrec.train("s.yaml", resume=child, max_steps=3)
