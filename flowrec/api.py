@@ -248,8 +248,9 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
         flowrec.runtime.checkpoint.store.CheckpointError: `resume`'s checkpoint is damaged.
         flowrec.data.layout.DataError: the data does not fit the spec.
         flowrec.runtime.nonfinite.TrainingStopped: a non-finite loss stopped training.
-        KeyboardInterrupt: Ctrl-C, SIGTERM or SIGHUP stopped training; its checkpoint is saved in `out`
-            (the message says how to load and continue it: `flowrec.train(SPEC, resume=OUT)`).
+        KeyboardInterrupt: Ctrl-C, SIGTERM or SIGHUP stopped training (with nproc > 1, also such a
+            signal to a rank); its checkpoint is saved in `out` (the message says how to load and
+            continue it: `flowrec.train(SPEC, resume=OUT)`).
         flowrec.runs.errors.RunError: an argument of the wrong kind or out of range (epochs=0, seed=-1,
             a callback that is not callable, nproc=0), or the device, the plan or the memory of this machine
             cannot run it; `resume` with `overwrite` or another `out`, or with a spec, seed or plan option
@@ -370,7 +371,7 @@ def _train_on_ranks(spec: str | Path, model_spec: ModelSpec, folder: Path | None
     import sys
     import warnings
 
-    from flowrec.runs.errors import RunError
+    from flowrec.runs.errors import EXIT_INTERRUPTED, RunError
     from flowrec.runs.folder import claim_run_folder
     from flowrec.runs.launch import (RanksFailed, check_ranks_cache, check_ranks_data, check_ranks_fit,
                                      check_ranks_have_gpus, python_words, run_launch)
@@ -404,6 +405,10 @@ def _train_on_ranks(spec: str | Path, model_spec: ModelSpec, folder: Path | None
         warnings.warn(python_words(line), UserWarning, stacklevel=3)
     if launch.interrupt is not None:
         raise KeyboardInterrupt(_ranks_interrupted_line(launch, spec, folder, nproc, continued is not None))
+    if launch.status == EXIT_INTERRUPTED:  # a signal to the ranks, not to this process (`kill` of a rank): they
+        # checkpointed and stopped, as on an interrupt here (it was a RanksFailed: 'no rank said why')
+        raise KeyboardInterrupt(_ranks_interrupted_line(launch, spec, folder, nproc, continued is not None,
+                                                        "a signal to a rank"))
     if launch.status != 0:
         raise RanksFailed(nproc, launch.status, launch.lines)
     return load(folder, given["device"] or "auto")
@@ -480,12 +485,14 @@ def _rank_args(spec: str | Path, folder: Path, resumed: bool, overwrite: bool, g
     return args + ([] if progress else ["-q"])
 
 
-def _ranks_interrupted_line(launch: Any, spec: str | Path, folder: Path, nproc: int, resumed: bool) -> str:
+def _ranks_interrupted_line(launch: Any, spec: str | Path, folder: Path, nproc: int, resumed: bool,
+                            how: str | None = None) -> str:
     """What a `KeyboardInterrupt` out of `train(..., nproc=N)` says: where the ranks stopped, what was
-    kept and how to go on (rank 0's note tells whether training had started, or ended whole)."""
+    kept and how to go on (rank 0's note tells whether training had started, or ended whole); `how`
+    they were stopped, by default the interrupt of this process."""
     from flowrec.runtime.signals import interrupt_name
 
-    how = interrupt_name(launch.interrupt)
+    how = how or interrupt_name(launch.interrupt)
     if launch.note is None:  # rank 0 had not begun training: the folder is as it was
         kept = f"; the run is as it was: {_resume_command(spec, folder, nproc)} continues it" if resumed else ""
         return f"training on {nproc} ranks interrupted ({how}) before training started; nothing was trained{kept}"

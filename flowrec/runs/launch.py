@@ -199,15 +199,16 @@ class RanksFailed(RunError):
 
 
 def run_launch(nproc: int, max_restarts: int, args: list[str], echo: Callable[[str], Any] | None = None,
-               stop_wait_s: float = STOP_WAIT_S) -> Launch:
+               stop_wait_s: float | None = None) -> Launch:
     """Run `flowrec train ARGS` on `nproc` local ranks to its end; their output (stdout and stderr)
     goes to `echo` as it comes (None: kept for the failure's lines only).
 
     A KeyboardInterrupt in this process (Ctrl-C, a notebook's interrupt; SIGTERM and SIGHUP raise
     one here too) is sent on to the launcher, which sends it to every rank: they checkpoint after
-    their step and exit. Past `stop_wait_s`, or on a second interrupt, the launcher and its ranks
-    are killed. Either way no process of the launch is left when this returns (`Launch.interrupt`
-    holds the interrupt; the caller raises it again)."""
+    their step and exit. Past `stop_wait_s` (None: STOP_WAIT_S, read at the interrupt), or on a
+    second interrupt, the launcher and its ranks are killed (a rank that ignores SIGTERM too).
+    Either way no process of the launch is left when this returns (`Launch.interrupt` holds the
+    interrupt; the caller raises it again)."""
     from flowrec.runtime.signals import terminated_as_interrupted
 
     with tempfile.TemporaryDirectory(prefix="flowrec-ranks-", ignore_cleanup_errors=True) as tmp:
@@ -224,7 +225,7 @@ def run_launch(nproc: int, max_restarts: int, args: list[str], echo: Callable[[s
                 launcher.wait()
             except KeyboardInterrupt as exc:
                 interrupt = exc
-                _stop(launcher, signal.SIGINT, stop_wait_s)
+                _stop(launcher, signal.SIGINT, STOP_WAIT_S if stop_wait_s is None else stop_wait_s)
             finally:
                 if launcher.poll() is None:  # anything else out of the wait: nothing is left running
                     _kill_launch(launcher)

@@ -101,7 +101,8 @@ def _alive(pid: int) -> bool:
 @pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="finds the ranks through /proc")
 def test_ctrl_c_in_the_caller_stops_every_rank_and_says_the_call_that_continues_it(work: Path):
     code = """
-        import flowrec
+        import signal, flowrec
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # as Python's own, where the runner's shell ignores it
         try:
             flowrec.train("spec.yaml", data="d", out="stopped", checkpoint_every=4, nproc=2)
         except KeyboardInterrupt as exc:
