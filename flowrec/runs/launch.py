@@ -435,9 +435,30 @@ def _python_call(args: str) -> str | None:
     return f"`flowrec.train({', '.join(given)})`"
 
 
+_LAUNCHER_LINE = re.compile(r"training failed: rank\(s\) [\d, ]+ exited; the first, rank (\d+), with status \d+"
+                            r"(?:: (.*)| \(its message is above\))")  # `flowrec.cli.ranks.run_launcher`'s
+
+
 def error_line(lines: list[str]) -> str | None:
-    """The last `error:` line of a launch's output, without its `error: ` and `rank R: ` prefixes."""
-    for line in reversed(lines):
-        if line.startswith("error: "):
-            return re.sub(r"^rank \d+: ", "", line.removeprefix("error: "))
-    return None
+    """The last `error:` line of a launch's output, without its `error: ` and `rank R: ` prefixes;
+    where that is the launcher's line naming the first failed rank, that rank's own line (the
+    launcher's words around it, 'training failed: rank(s) 0, 1 exited; the first, rank 1, with
+    status 2: ', said the failure again after `RanksFailed`'s own 'training on 2 ranks failed').
+
+    >>> error_line(["error: rank 1: a failed", "error: rank 0: stopped: rank 1 stopped first",
+    ...             "error: training failed: rank(s) 0, 1 exited; the first, rank 1, with status 2: a failed"])
+    'a failed'
+    >>> error_line(["error: rank 1: b", "error: training failed: rank(s) 1 exited; the first, rank 1, with status 2 "
+    ...             "(its message is above)"])
+    'b'
+    """
+    said = [line.removeprefix("error: ") for line in lines if line.startswith("error: ")]
+    if not said:
+        return None
+    if (launcher := _LAUNCHER_LINE.fullmatch(said[-1])) is not None:
+        if launcher.group(2):
+            return launcher.group(2)
+        own = [line for line in said if line.startswith(f"rank {launcher.group(1)}: ")]
+        if own:
+            said = own
+    return re.sub(r"^rank \d+: ", "", said[-1])

@@ -84,8 +84,9 @@ def test_a_failing_rank_is_one_ranks_failed_with_its_line(tmp_path: Path):
     assert py.returncode == 0, py.stderr[-3000:]
     failed = json.loads(py.stdout.splitlines()[-1])
     assert failed["run_error"] and failed["code"] == 2, failed
-    assert "\n" not in failed["line"] and failed["line"].startswith("training on 2 ranks failed (exit status 2): ")
-    assert "raised KeyError" in failed["line"], failed
+    assert failed["line"] == (  # the rank's line, as one process's note says it (not the launcher's again)
+        f"training on 2 ranks failed (exit status 2): at step 3: custom module 'mine' ({tmp_path / 'flaky.py'}:Flaky) "
+        "raised KeyError: 'no such user'; no checkpoint was written"), failed
     assert any("raised KeyError" in line for line in failed["lines"]), failed["lines"]
     assert not (tmp_path / "run").exists()  # as one process leaves a run that wrote no checkpoint
 

@@ -257,6 +257,21 @@ def test_a_ranks_line_is_said_in_the_words_of_the_python_call(line: str, said: s
     assert python_words(line) == (said if said is not None else line)
 
 
+def test_a_failed_launch_is_the_first_failed_ranks_own_line_not_the_launchers_words_around_it() -> None:
+    """The launcher's line ('training failed: rank(s) 0, 1 exited; the first, rank 1, with status 2: ...')
+    said the failure again after RanksFailed's own 'training on 2 ranks failed (exit status 2)'."""
+    own = "at step 3: custom module 'mine' (f.py:Flaky) raised KeyError: 'no such user'; no checkpoint was written"
+    lines = ["run folder run; if it stops, continue with  flowrec train s.yaml --resume run --nproc 2",
+             f"error: rank 1: {own}", "error: rank 0: stopped at step 3: rank 1 stopped first (its line says why); "
+             "no checkpoint was written", f"error: training failed: rank(s) 0, 1 exited; the first, rank 1, with status 2: {own}"]
+    assert str(RanksFailed(2, 2, lines)) == f"training on 2 ranks failed (exit status 2): {own}"
+    above = [*lines[:3], "error: training failed: rank(s) 0, 1 exited; the first, rank 1, with status 2 (its message "
+             "is above)"]
+    assert str(RanksFailed(2, 2, above)) == f"training on 2 ranks failed (exit status 2): {own}"
+    killed = "training failed: rank(s) 1 exited; the first, rank 1, was killed by signal 9 (SIGKILL) and wrote no message"
+    assert str(RanksFailed(2, 137, [f"error: {killed}"])) == f"training on 2 ranks failed (exit status 137): {killed}"
+
+
 def test_a_failed_launch_names_the_python_keywords_not_the_ranks_flags() -> None:
     lines = ["error: rank 0: d/test is missing: restore it, or give --eval-data DIR (eval_data=) to evaluate"]
     failed = RanksFailed(2, 2, lines)
