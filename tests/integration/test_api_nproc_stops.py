@@ -113,11 +113,14 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _signalled(job: subprocess.Popen, pid: int, sig: int) -> tuple[str, str]:
-    """`sig` sent to `pid`, then `job`'s output once it exits (within EXIT_S; killed with its tree
-    where the test fails first)."""
+def _signalled(job: subprocess.Popen, pid: int, sig: int, again_after_s: float | None = None) -> tuple[str, str]:
+    """`sig` sent to `pid` (and `again_after_s` later once more, where given), then `job`'s output once
+    it exits (within EXIT_S; killed with its tree where the test fails first)."""
     try:
         os.kill(pid, sig)
+        if again_after_s is not None:
+            time.sleep(again_after_s)
+            os.kill(pid, sig)
         return communicate_bounded(job, EXIT_S)
     finally:
         if job.poll() is None:
@@ -171,16 +174,21 @@ def test_a_signal_to_one_rank_ends_the_call_as_an_interrupt_naming_the_call_that
         "scores it, `flowrec.train('spec.yaml', resume='rank_stopped', nproc=2)` continues it"), said
 
 
-def test_ranks_deaf_to_sigterm_are_killed_with_the_launcher_after_the_stop_wait(tmp_path: Path):
-    """The ranks ignore the launcher's SIGTERM (it would kill them after its own 30 s shutdown):
-    past STOP_WAIT_S (2 s here) the call kills the launcher and every rank, leaving none."""
+@pytest.mark.parametrize("stop_wait_s,again_after_s", [(2.0, None), (None, 1.0)],
+                         ids=["past the stop wait", "on a second signal"])
+def test_ranks_deaf_to_sigterm_are_killed_with_the_launcher(tmp_path: Path, stop_wait_s: float | None,
+                                                            again_after_s: float | None):
+    """The ranks ignore the launcher's SIGTERM (it would kill them after its own 30 s shutdown): past
+    STOP_WAIT_S (2 s here), or on a second signal to the call (STOP_WAIT_S left at its 120 s), the
+    call kills the launcher and every rank, leaving none."""
     flaky_spec(tmp_path, 5)
     (tmp_path / "flaky.py").write_text(DEAF_MODULE)
-    job = _start("""
+    job = _start(f"""
         import flowrec
         from flowrec.runs import launch
 
-        launch.STOP_WAIT_S = 2.0
+        if {stop_wait_s!r} is not None:
+            launch.STOP_WAIT_S = {stop_wait_s!r}
         run_launch = launch.run_launch
 
         def told(*args, **kwargs):  # the launcher's end, as run_launch saw it
@@ -196,7 +204,7 @@ def test_ranks_deaf_to_sigterm_are_killed_with_the_launcher_after_the_stop_wait(
             raise SystemExit(130)
     """, tmp_path)
     launch, _ = _ranks_after_steps(job, tmp_path / "deaf", 2)
-    said, err = _signalled(job, job.pid, signal.SIGTERM)
+    said, err = _signalled(job, job.pid, signal.SIGTERM, again_after_s)
     assert job.returncode == 130, err[-3000:]
     assert not [p for p in launch if _alive(p)], launch
     assert "launcher status: -9" in said, said  # killed by this call (SIGKILL), not ended by its own shutdown
