@@ -361,8 +361,9 @@ def python_words(line: str) -> str:
 
     line = _COMMAND.sub(lambda found: _python_call(found.group(1) or found.group(2) or "") or found.group(),
                         line.replace(TABLE, PYTHON))
-    parts = line.split("`")  # the odd parts are in backticks: commands and calls, kept as written
-    line = "`".join(part if i % 2 else _keywords(part) for i, part in enumerate(parts))
+    parts = line.split("`")  # the odd parts are in backticks: commands and calls, kept as written (flags alone,
+    # `--max-steps N`, said as keywords)
+    line = "`".join(_keywords(part) if not i % 2 or part.startswith("--") else part for i, part in enumerate(parts))
     for pattern, once in _TWICE:
         line = pattern.sub(once, line)
     return line

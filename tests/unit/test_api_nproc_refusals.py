@@ -237,6 +237,7 @@ def test_an_interrupted_launch_says_what_was_kept_and_the_call_that_continues_it
     ("--max-steps 10 is past the end; --seed 3 differs: leave --seed out, or --device cpu",
      "max_steps=10 is past the end; seed=3 differs: leave seed= out, or device='cpu'"),
     ("a rank's share under --nproc; --rows 400,000 synthetic rows", "a rank's share under nproc=; rows=400_000 synthetic rows"),
+    ("give a larger `--max-steps N` (or `--epochs`)", "give a larger `max_steps=N` (or `epochs=`)"),
     # the command that continues a run: the call that does
     ("interrupted (SIGTERM) at step 7; continue with  flowrec train 'my s.yaml' --resume runs/a --nproc 2",
      "interrupted (SIGTERM) at step 7; continue with  `flowrec.train('my s.yaml', resume='runs/a', nproc=2)`"),
