@@ -248,8 +248,9 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
         flowrec.runtime.checkpoint.store.CheckpointError: `resume`'s checkpoint is damaged.
         flowrec.data.layout.DataError: the data does not fit the spec.
         flowrec.runtime.nonfinite.TrainingStopped: a non-finite loss stopped training.
-        KeyboardInterrupt: Ctrl-C, SIGTERM or SIGHUP stopped training; its checkpoint is saved in `out`
-            (the message says how to load and continue it: `flowrec.train(SPEC, resume=OUT)`).
+        KeyboardInterrupt: Ctrl-C, SIGTERM or SIGHUP stopped training (with nproc > 1, also such a
+            signal to a rank); its checkpoint is saved in `out` (the message says how to load and
+            continue it: `flowrec.train(SPEC, resume=OUT)`).
         flowrec.runs.errors.RunError: an argument of the wrong kind or out of range (epochs=0, seed=-1,
             a callback that is not callable, nproc=0), or the device, the plan or the memory of this machine
             cannot run it; `resume` with `overwrite` or another `out`, or with a spec, seed or plan option
@@ -359,10 +360,6 @@ def _ranks_asked(spec: Any, out: Any, resume: Any, nproc: Any, max_restarts: Any
 
 # train()'s defaults that mean "not given": a resume keeps the run's own, the ranks get no flag for them
 GIVEN_DEFAULTS = {"rows": DEFAULT_ROWS, "device": "auto", "checkpoint_every": 0}
-RANK_FLAGS = {"data": "--data", "eval_data": "--eval-data", "epochs": "--epochs", "max_steps": "--max-steps",
-              "eval_every": "--eval-every", "checkpoint_every": "--checkpoint-every", "device": "--device",
-              "device_budget": "--device-budget", "rows": "--rows", "seed": "--seed",
-              "cache_data": "--cache-data"}  # train()'s options as `flowrec train` names them for its ranks
 
 
 def _train_on_ranks(spec: str | Path, model_spec: ModelSpec, folder: Path | None, continued: Path | None,
@@ -374,10 +371,10 @@ def _train_on_ranks(spec: str | Path, model_spec: ModelSpec, folder: Path | None
     import sys
     import warnings
 
-    from flowrec.runs.errors import RunError
+    from flowrec.runs.errors import EXIT_INTERRUPTED, RunError
     from flowrec.runs.folder import claim_run_folder
     from flowrec.runs.launch import (RanksFailed, check_ranks_cache, check_ranks_data, check_ranks_fit,
-                                     check_ranks_have_gpus, run_launch)
+                                     check_ranks_have_gpus, python_words, run_launch)
     from flowrec.runtime.rundir import folder_state
 
     if continued is not None:
@@ -404,10 +401,14 @@ def _train_on_ranks(spec: str | Path, model_spec: ModelSpec, folder: Path | None
         _warn_rows_ignored(given["rows"], {"data": data}, model_spec, stacklevel=4)
     args = _rank_args(spec, folder, continued is not None, overwrite, given, progress, bool(data or bound))
     launch = run_launch(nproc, max_restarts, args, sys.stderr.write if progress else None)
-    for line in launch.warnings:
-        warnings.warn(line, UserWarning, stacklevel=3)
+    for line in launch.warnings:  # in this call's words (`max_steps=`), as one process says them
+        warnings.warn(python_words(line), UserWarning, stacklevel=3)
     if launch.interrupt is not None:
         raise KeyboardInterrupt(_ranks_interrupted_line(launch, spec, folder, nproc, continued is not None))
+    if launch.status == EXIT_INTERRUPTED:  # a signal to the ranks, not to this process (`kill` of a rank): they
+        # checkpointed and stopped, as on an interrupt here (it was a RanksFailed: 'no rank said why')
+        raise KeyboardInterrupt(_ranks_interrupted_line(launch, spec, folder, nproc, continued is not None,
+                                                        "a signal to a rank"))
     if launch.status != 0:
         raise RanksFailed(nproc, launch.status, launch.lines)
     return load(folder, given["device"] or "auto")
@@ -434,6 +435,9 @@ def _ranks_resumption(spec: str | Path, model_spec: ModelSpec, folder: Path,
             return told, None
         raise
     with _RunGuard(lock, found):
+        if (started_from := _unstarted_init_from(folder)) is not None:  # the ranks start it from that run again,
+            # as `flowrec train SPEC --resume RUN --nproc N` does (one process refuses it: `init_from_unstarted_line`)
+            return None, given["data"] or started_from.get("data")
         run = read_resumption(folder, given, model_spec, label)
         if run.finished is not None:
             return finished_line(folder, run.finished.position, run.finished.epochs, run.settings,
@@ -443,6 +447,20 @@ def _ranks_resumption(spec: str | Path, model_spec: ModelSpec, folder: Path,
             _warn_other_synthetic_rows(given["rows"], folder, run.settings, run.spec,
                                        (run.recorded or {}).get("rows"), stacklevel=5)
     return None, run.settings["data"]
+
+
+def _unstarted_init_from(folder: Path) -> dict[str, Any] | None:
+    """The run.json of the run in `folder` where it was started from another (`flowrec train
+    --init-from`) and stopped before its first checkpoint, else None. Its ranks' `flowrec train SPEC
+    --resume RUN` starts it from that run again, with the checks of the command line (in its words,
+    said in the call's by `python_words`); flowrec.train on one process cannot (it takes no init_from=)."""
+    from flowrec.runs.settings import read_run_file
+    from flowrec.runtime.checkpoint.store import CHECKPOINT_NAME
+
+    if (folder / CHECKPOINT_NAME).is_file():
+        return None
+    recorded = read_run_file(folder)
+    return recorded if recorded and recorded.get("init_from") else None
 
 
 def _rank_args(spec: str | Path, folder: Path, resumed: bool, overwrite: bool, given: dict[str, Any],
@@ -457,7 +475,9 @@ def _rank_args(spec: str | Path, folder: Path, resumed: bool, overwrite: bool, g
     word = str(Path(spec).expanduser())
     args = ["./" + word if word.startswith("-") else word, f"{'--resume' if resumed else '--out'}={folder}"]
     args += ["--overwrite"] if overwrite else []
-    for key, flag in RANK_FLAGS.items():
+    from flowrec.runs.launch import OPTION_FLAGS
+
+    for key, flag in OPTION_FLAGS.items():
         value = given.get(key)
         if value is None or (key in GIVEN_DEFAULTS and value == GIVEN_DEFAULTS[key]) or (key == "rows" and on_data):
             continue
@@ -465,12 +485,14 @@ def _rank_args(spec: str | Path, folder: Path, resumed: bool, overwrite: bool, g
     return args + ([] if progress else ["-q"])
 
 
-def _ranks_interrupted_line(launch: Any, spec: str | Path, folder: Path, nproc: int, resumed: bool) -> str:
+def _ranks_interrupted_line(launch: Any, spec: str | Path, folder: Path, nproc: int, resumed: bool,
+                            how: str | None = None) -> str:
     """What a `KeyboardInterrupt` out of `train(..., nproc=N)` says: where the ranks stopped, what was
-    kept and how to go on (rank 0's note tells whether training had started, or ended whole)."""
+    kept and how to go on (rank 0's note tells whether training had started, or ended whole); `how`
+    they were stopped, by default the interrupt of this process."""
     from flowrec.runtime.signals import interrupt_name
 
-    how = interrupt_name(launch.interrupt)
+    how = how or interrupt_name(launch.interrupt)
     if launch.note is None:  # rank 0 had not begun training: the folder is as it was
         kept = f"; the run is as it was: {_resume_command(spec, folder, nproc)} continues it" if resumed else ""
         return f"training on {nproc} ranks interrupted ({how}) before training started; nothing was trained{kept}"

@@ -107,6 +107,7 @@ FILES: dict[str, frozenset[str]] = {
         "test_nproc_signals", "test_data_signals", "test_dist_managed", "test_retrieval_negatives_ranks", "test_retrieval_ranks_exact",
         "test_nproc_nonfinite", "test_nproc_custom_failure", "test_nproc_rank_stops",
         "test_api_nproc",  # flowrec.train(nproc=2): as the command line's ranks, failures, Ctrl-C
+        "test_api_nproc_stops",  # flowrec.train(nproc=2) stopped: SIGTERM/SIGHUP, deaf ranks, max_restarts
     )},
     **{f"tests/integration/{name}.py": frozenset({"e2e"}) for name in (
         "test_calibrate", "test_cli_options", "test_data_convert", "test_data_diagnostics",

@@ -184,11 +184,13 @@ class Launch:
 
 class RanksFailed(RunError):
     """A launch of N ranks that failed: `str(error)` is one line (the first failed rank's error line,
-    as the launcher names it), `lines` the ranks' last output lines (also the error's note), `code`
+    as the launcher names it, in the words of `flowrec.train`: `python_words`), `lines` the ranks'
+    last output lines as they wrote them (also the error's note), `code`
     the launcher's exit status (a status of the CLI: 2 bad input, 3 out of memory, 4 a lost rank)."""
 
     def __init__(self, nproc: int, status: int, lines: list[str]) -> None:
-        said = error_line(lines) or "no rank said why (its last lines are in this error's note)"
+        said = error_line(lines)  # the ranks' words (`--max-steps`), as the call that started them says them
+        said = python_words(said) if said is not None else "no rank said why (its last lines are in this error's note)"
         how = f"exit status {status}" if status > 0 else f"the launcher was killed by signal {-status}"
         super().__init__(f"training on {nproc} ranks failed ({how}): {said}", code=status if status > 0 else 128 - status)
         self.lines = lines
@@ -197,15 +199,16 @@ class RanksFailed(RunError):
 
 
 def run_launch(nproc: int, max_restarts: int, args: list[str], echo: Callable[[str], Any] | None = None,
-               stop_wait_s: float = STOP_WAIT_S) -> Launch:
+               stop_wait_s: float | None = None) -> Launch:
     """Run `flowrec train ARGS` on `nproc` local ranks to its end; their output (stdout and stderr)
     goes to `echo` as it comes (None: kept for the failure's lines only).
 
     A KeyboardInterrupt in this process (Ctrl-C, a notebook's interrupt; SIGTERM and SIGHUP raise
     one here too) is sent on to the launcher, which sends it to every rank: they checkpoint after
-    their step and exit. Past `stop_wait_s`, or on a second interrupt, the launcher and its ranks
-    are killed. Either way no process of the launch is left when this returns (`Launch.interrupt`
-    holds the interrupt; the caller raises it again)."""
+    their step and exit. Past `stop_wait_s` (None: STOP_WAIT_S, read at the interrupt), or on a
+    second interrupt, the launcher and its ranks are killed (a rank that ignores SIGTERM too).
+    Either way no process of the launch is left when this returns (`Launch.interrupt` holds the
+    interrupt; the caller raises it again)."""
     from flowrec.runtime.signals import terminated_as_interrupted
 
     with tempfile.TemporaryDirectory(prefix="flowrec-ranks-", ignore_cleanup_errors=True) as tmp:
@@ -222,7 +225,7 @@ def run_launch(nproc: int, max_restarts: int, args: list[str], echo: Callable[[s
                 launcher.wait()
             except KeyboardInterrupt as exc:
                 interrupt = exc
-                _stop(launcher, signal.SIGINT, stop_wait_s)
+                _stop(launcher, signal.SIGINT, STOP_WAIT_S if stop_wait_s is None else stop_wait_s)
             finally:
                 if launcher.poll() is None:  # anything else out of the wait: nothing is left running
                     _kill_launch(launcher)
@@ -310,9 +313,153 @@ class _OutputReader:
         return [*self.tail, *([self.partial] if self.partial.strip() else [])]
 
 
+# the `flowrec train` flags that the ranks of `flowrec.train(..., nproc=N)` are given, and its keywords
+OPTION_FLAGS = {"data": "--data", "eval_data": "--eval-data", "epochs": "--epochs", "max_steps": "--max-steps",
+                "eval_every": "--eval-every", "checkpoint_every": "--checkpoint-every", "device": "--device",
+                "device_budget": "--device-budget", "rows": "--rows", "seed": "--seed",
+                "cache_data": "--cache-data"}  # train()'s options, each passed on as its flag
+FLAG_KEYWORDS = {**{flag: key for key, flag in OPTION_FLAGS.items()}, "--out": "out", "--resume": "resume",
+                 "--overwrite": "overwrite", "--nproc": "nproc", "--max-restarts": "max_restarts"}
+_PLACEHOLDER = r"[A-Z]+"  # N, DIR, RUN, PATH: a value the line leaves to the reader
+_NUMBER = r"\d+(?:,\d{3})*"  # 10, 400,000
+_PATH = r"'[^']*'|[^\s,;()`'\"]*[^\s,;:.()`'\"]"  # shell-quoted, or a word that does not end the sentence
+_VALUES = {**dict.fromkeys(("epochs", "max_steps", "eval_every", "checkpoint_every", "rows", "seed", "nproc",
+                            "max_restarts"), _NUMBER),
+           **dict.fromkeys(("data", "eval_data", "out", "resume"), _PATH),
+           "device": r"auto|cpu|cuda(?::\d+)?", "device_budget": r"\d[\w.]*", "cache_data": r"auto|on|off|\d[\w.]*"}
+_WORDS = {"a", "an", "and", "or", "the", "to", "of", "on", "in", "is", "it", "its", "with", "which", "that", "for",
+          "only", "given", "too", "as", "again", "instead", "alone", "before", "after", "at", "be", "are"}
+_FLAG = re.compile(r"(?<![\w-])(?:" + "|".join(map(re.escape, sorted(FLAG_KEYWORDS, key=len, reverse=True)))
+                   + r")(?![\w-])")
+_COMMAND = re.compile(r"`flowrec train ([^`]*)`|(?<=continue with  )flowrec train (.*)$")
+_TWICE = [(re.compile(r"\b(\w+)=(\S*) \(\1=\)"), r"\1=\2"),  # '--eval-data DIR (eval_data=)'
+          (re.compile(r"\b(\w+)=(\S+), or \1=\2 in Python"), r"\1=\2"),  # '--data DIR, or data=DIR in Python'
+          (re.compile(r"\b(\w+)=, \1=, "), r"\1=, "),  # '(--data, data=, or data bound in the spec)'
+          (re.compile(rf"\b((?:{'|'.join(FLAG_KEYWORDS.values())})=[^\s,;()]*) (?=(?:{'|'.join(FLAG_KEYWORDS.values())})=)"),
+           r"\1, ")]  # '--out runs/x --overwrite': out='runs/x', overwrite=True
+
+
+def python_words(line: str) -> str:
+    """A line of the ranks of `flowrec.train(..., nproc=N)` (an error, a warning) in the words of the
+    Python call that started them, as one process words it: each `flowrec train` flag that the call
+    passes on as the keyword it stands for (`--max-steps 10`: `max_steps=10`; without its value:
+    `max_steps=`; `--overwrite`: `overwrite=True`), a `flowrec train` command of those flags alone as
+    the call that does the same, an undefined metric as the returned metrics hold it (NaN). A line
+    without them is unchanged, and so is a command of other flags (`flowrec data convert ...
+    --on-error skip`, typed in a shell) and a flag no keyword stands for (`--nan-policy`).
+
+    >>> python_words("give --max-steps 10, or --eval-data DIR (eval_data=); --dist-timeout 300 s")
+    'give max_steps=10, or eval_data=DIR; --dist-timeout 300 s'
+    >>> python_words("start over with --out runs/x --overwrite")
+    "start over with out='runs/x', overwrite=True"
+    >>> python_words("interrupted at step 4; continue with  flowrec train s.yaml --resume runs/a --nproc 2")
+    "interrupted at step 4; continue with  `flowrec.train('s.yaml', resume='runs/a', nproc=2)`"
+    >>> python_words("convert them with `flowrec data convert csv x DIR --on-error skip`: --data DIR, or data=DIR in Python")
+    'convert them with `flowrec data convert csv x DIR --on-error skip`: data=DIR'
+    """
+    from flowrec.runtime.evaluation.undefined import PYTHON, TABLE
+
+    line = _COMMAND.sub(lambda found: _python_call(found.group(1) or found.group(2) or "") or found.group(),
+                        line.replace(TABLE, PYTHON))
+    parts = line.split("`")  # the odd parts are in backticks: commands and calls, kept as written (flags alone,
+    # `--max-steps N`, said as keywords)
+    line = "`".join(_keywords(part) if not i % 2 or part.startswith("--") else part for i, part in enumerate(parts))
+    for pattern, once in _TWICE:
+        line = pattern.sub(once, line)
+    return line
+
+
+def _keywords(text: str) -> str:
+    """`text` with each flag of FLAG_KEYWORDS (and its value, where one follows) as its keyword."""
+    out, at = [], 0
+    for found in _FLAG.finditer(text):
+        key = FLAG_KEYWORDS[found.group()]
+        value = re.match(rf"[= ]({_PLACEHOLDER}|{_VALUES.get(key, '(?!)')})(?![\w/-])", text[found.end():])
+        out.append(text[at:found.start()])
+        at = found.end()
+        if key == "overwrite":
+            out.append("overwrite=True")
+        elif value is None or value.group(1) in _WORDS:
+            out.append(f"{key}=")
+        else:
+            out.append(f"{key}={_python_value(value.group(1))}")
+            at += value.end()
+    return "".join(out) + text[at:]
+
+
+def _python_value(value: str) -> str:
+    """A flag's value as a Python call writes it: a number or a placeholder as it is, text quoted.
+
+    >>> _python_value("400,000"), _python_value("DIR"), _python_value("runs/a"), _python_value("'my runs'")
+    ('400_000', 'DIR', "'runs/a'", "'my runs'")
+    """
+    import shlex
+
+    return _literal(shlex.split(value)[0] if value.startswith("'") else value)
+
+
+def _literal(value: str) -> str:
+    """An argument's value (unquoted) as a Python call writes it: a number or a placeholder as it
+    is, text quoted."""
+    return value.replace(",", "_") if re.fullmatch(f"{_PLACEHOLDER}|{_NUMBER}", value) else repr(value)
+
+
+def _python_call(args: str) -> str | None:
+    """The `flowrec.train(...)` call (in backticks) that does what `flowrec train ARGS` does, None
+    where ARGS hold a flag no keyword of the call stands for (or cannot be read as a shell does).
+
+    >>> _python_call("SPEC --resume runs/b --max-steps=8"), _python_call("s.yaml --follow days --out r")
+    ("`flowrec.train(SPEC, resume='runs/b', max_steps=8)`", None)
+    """
+    import shlex
+
+    try:
+        words = shlex.split(args)
+    except ValueError:
+        return None
+    if not words or words[0].startswith("-"):
+        return None
+    given, words = [_literal(words[0])], words[1:]
+    while words:
+        flag, _, value = words.pop(0).partition("=")
+        key = FLAG_KEYWORDS.get(flag)
+        if key is None:
+            return None
+        if key == "overwrite":
+            given.append("overwrite=True")
+            continue
+        if not value:
+            if not words:
+                return None
+            value = words.pop(0)
+        given.append(f"{key}={_literal(value)}")
+    return f"`flowrec.train({', '.join(given)})`"
+
+
+_LAUNCHER_LINE = re.compile(r"training failed: rank\(s\) [\d, ]+ exited; the first, rank (\d+), with status \d+"
+                            r"(?:: (.*)| \(its message is above\))")  # `flowrec.cli.ranks.run_launcher`'s
+
+
 def error_line(lines: list[str]) -> str | None:
-    """The last `error:` line of a launch's output, without its `error: ` and `rank R: ` prefixes."""
-    for line in reversed(lines):
-        if line.startswith("error: "):
-            return re.sub(r"^rank \d+: ", "", line.removeprefix("error: "))
-    return None
+    """The last `error:` line of a launch's output, without its `error: ` and `rank R: ` prefixes;
+    where that is the launcher's line naming the first failed rank, that rank's own line (the
+    launcher's words around it, 'training failed: rank(s) 0, 1 exited; the first, rank 1, with
+    status 2: ', said the failure again after `RanksFailed`'s own 'training on 2 ranks failed').
+
+    >>> error_line(["error: rank 1: a failed", "error: rank 0: stopped: rank 1 stopped first",
+    ...             "error: training failed: rank(s) 0, 1 exited; the first, rank 1, with status 2: a failed"])
+    'a failed'
+    >>> error_line(["error: rank 1: b", "error: training failed: rank(s) 1 exited; the first, rank 1, with status 2 "
+    ...             "(its message is above)"])
+    'b'
+    """
+    said = [line.removeprefix("error: ") for line in lines if line.startswith("error: ")]
+    if not said:
+        return None
+    if (launcher := _LAUNCHER_LINE.fullmatch(said[-1])) is not None:
+        if launcher.group(2):
+            return launcher.group(2)
+        own = [line for line in said if line.startswith(f"rank {launcher.group(1)}: ")]
+        if own:
+            said = own
+    return re.sub(r"^rank \d+: ", "", said[-1])

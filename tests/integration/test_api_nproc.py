@@ -84,8 +84,9 @@ def test_a_failing_rank_is_one_ranks_failed_with_its_line(tmp_path: Path):
     assert py.returncode == 0, py.stderr[-3000:]
     failed = json.loads(py.stdout.splitlines()[-1])
     assert failed["run_error"] and failed["code"] == 2, failed
-    assert "\n" not in failed["line"] and failed["line"].startswith("training on 2 ranks failed (exit status 2): ")
-    assert "raised KeyError" in failed["line"], failed
+    assert failed["line"] == (  # the rank's line, as one process's note says it (not the launcher's again)
+        f"training on 2 ranks failed (exit status 2): at step 3: custom module 'mine' ({tmp_path / 'flaky.py'}:Flaky) "
+        "raised KeyError: 'no such user'; no checkpoint was written"), failed
     assert any("raised KeyError" in line for line in failed["lines"]), failed["lines"]
     assert not (tmp_path / "run").exists()  # as one process leaves a run that wrote no checkpoint
 
@@ -101,7 +102,8 @@ def _alive(pid: int) -> bool:
 @pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="finds the ranks through /proc")
 def test_ctrl_c_in_the_caller_stops_every_rank_and_says_the_call_that_continues_it(work: Path):
     code = """
-        import flowrec
+        import signal, flowrec
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # as Python's own, where the runner's shell ignores it
         try:
             flowrec.train("spec.yaml", data="d", out="stopped", checkpoint_every=4, nproc=2)
         except KeyboardInterrupt as exc:
@@ -139,3 +141,67 @@ def test_ctrl_c_in_the_caller_stops_every_rank_and_says_the_call_that_continues_
     """, work)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert resumed.stdout.split() == ["48"]  # 4 epochs of 12 steps (600 rows, batch 50)
+
+
+def test_the_ranks_own_errors_and_warnings_are_in_the_words_of_the_python_call(work: Path):
+    """What only the ranks find (a split whose test part is gone; evaluation labels of one class) was
+    said in the words of their command line: `give --eval-data DIR (eval_data=)`, "('-' in the table,
+    null in JSON)"; the RanksFailed line and the UserWarnings now name the call's keywords, as one
+    process's warnings do."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for name in ("split/train", "zeros"):  # d as a split whose test part is gone; d with label 0 everywhere
+        (work / name).mkdir(parents=True)
+        for path in (work / "d").iterdir():
+            (work / name / path.name).write_bytes(path.read_bytes())
+    meta = work / "split" / "train" / "_flowrec.json"
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "split": {"test_fraction": 0.2, "seed": 1}}))
+    for part in (work / "zeros").glob("*.parquet"):
+        table = pq.read_table(part)
+        column = table.schema.get_field_index("label")
+        pq.write_table(table.set_column(column, "label", pa.array([0.0] * table.num_rows, pa.float32())), part)
+    py = _python("""
+        import json, warnings, flowrec
+        from flowrec.runs.launch import RanksFailed
+
+        def said(**options):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                flowrec.train("spec.yaml", data="zeros", eval_data="zeros", max_steps=2, **options)
+            return sorted(str(w.message) for w in caught if "undefined" in str(w.message))
+
+        try:
+            flowrec.train("spec.yaml", data="split", out="split_run", max_steps=2, nproc=2)
+            failed = None
+        except RanksFailed as exc:
+            failed = str(exc)
+        print(json.dumps({"failed": failed, "one": said(out="z1"), "ranks": said(out="z2", nproc=2)}))
+    """, work)
+    assert py.returncode == 0, py.stderr[-3000:]
+    done = json.loads(py.stdout.splitlines()[-1])
+    assert done["failed"] == (
+        "training on 2 ranks failed (exit status 2): split/test is missing: split/train/_flowrec.json records a "
+        "split (test fraction 0.2) whose test part is gone, so nothing would be evaluated; restore it, or give "
+        "eval_data=DIR to evaluate on other data"), done["failed"]
+    assert done["one"] and done["ranks"] == done["one"], done  # '(NaN in the returned metrics)'
+
+
+def test_a_run_started_from_another_that_never_checkpointed_starts_on_ranks_as_the_command_line_starts_it(
+        work: Path):
+    """`flowrec train SPEC --resume RUN --nproc 2` starts a run of `--init-from` that stopped before its
+    first checkpoint from its parent again; `flowrec.train(SPEC, resume=RUN, nproc=2)` refused it with
+    the one-process line ('flowrec.train does not start a run from another'), though its ranks are that
+    command's. It now hands the run to them (test_api_nproc_refusals: with the command's arguments),
+    and they start it from its parent."""
+    py = _python("""
+        import json, os, flowrec
+        flowrec.train("spec.yaml", data="d", out="parent", max_steps=2)
+        recorded = json.load(open("parent/run.json"))
+        os.mkdir("child")  # as `flowrec train --init-from parent --out child` leaves it, stopped at once
+        json.dump({**recorded, "init_from": "parent"}, open("child/run.json", "w"))
+        print(flowrec.train("spec.yaml", resume="child", max_steps=4, nproc=2, progress=True).trained.step)
+    """, work)
+    assert py.returncode == 0, py.stderr[-3000:]
+    assert py.stdout.split() == ["4"]
+    assert "starting from parent (parameters" in py.stderr, py.stderr[-3000:]  # the ranks' line (progress=True)

@@ -222,3 +222,86 @@ def test_an_interrupted_launch_says_what_was_kept_and_the_call_that_continues_it
     assert _ranks_interrupted_line(whole, "s.yaml", folder, 2, False) == (
         f"interrupted (Ctrl-C) after the run finished: {folder} holds all of it; flowrec.load({str(folder)!r}) "
         "scores it")
+
+
+@pytest.mark.parametrize("line,said", [
+    # a rank's error naming the flags the call passed on: the keywords, as one process names them
+    ("ds/test is missing: ...; restore it, or give --eval-data DIR (eval_data=) to evaluate on other data",
+     "ds/test is missing: ...; restore it, or give eval_data=DIR to evaluate on other data"),
+    ("give the training data too (--data, data=, or data bound in the spec), not synthetic rows",
+     "give the training data too (data=, or data bound in the spec), not synthetic rows"),
+    ("put r/encoder back to resume, or start over (a new run, another --out)",
+     "put r/encoder back to resume, or start over (a new run, another out=)"),
+    ("put the missing files back, or start over with --out runs/x --overwrite",
+     "put the missing files back, or start over with out='runs/x', overwrite=True"),
+    ("--max-steps 10 is past the end; --seed 3 differs: leave --seed out, or --device cpu",
+     "max_steps=10 is past the end; seed=3 differs: leave seed= out, or device='cpu'"),
+    ("a rank's share under --nproc; --rows 400,000 synthetic rows", "a rank's share under nproc=; rows=400_000 synthetic rows"),
+    ("give a larger `--max-steps N` (or `--epochs`)", "give a larger `max_steps=N` (or `epochs=`)"),
+    # the command that continues a run: the call that does
+    ("interrupted (SIGTERM) at step 7; continue with  flowrec train 'my s.yaml' --resume runs/a --nproc 2",
+     "interrupted (SIGTERM) at step 7; continue with  `flowrec.train('my s.yaml', resume='runs/a', nproc=2)`"),
+    ("records the encoder again: `flowrec train SPEC --resume r --max-steps=8`",
+     "records the encoder again: `flowrec.train(SPEC, resume='r', max_steps=8)`"),
+    # an undefined metric: as the returned metrics hold it
+    ("h1: every evaluation label is 0 (600 rows): auc is undefined ('-' in the table, null in JSON)",
+     "h1: every evaluation label is 0 (600 rows): auc is undefined (NaN in the returned metrics)"),
+    # unchanged: no flag, a flag no keyword stands for, a command of other flags (typed in a shell)
+    ("at step 3: custom module 'mine' raised KeyError: 'no such user'; no checkpoint was written", None),
+    ("3 of 10 batches were skipped (--nan-policy skip-batch); within --dist-timeout 300 s", None),
+    ("convert them with `flowrec data convert csv x DIR --spec s.yaml --on-error skip` and train on DIR", None),
+    ("start it again with `flowrec train SPEC --follow days --out RUN`", None),
+])
+def test_a_ranks_line_is_said_in_the_words_of_the_python_call(line: str, said: str | None) -> None:
+    from flowrec.runs.launch import python_words
+
+    assert python_words(line) == (said if said is not None else line)
+
+
+def test_a_failed_launch_is_the_first_failed_ranks_own_line_not_the_launchers_words_around_it() -> None:
+    """The launcher's line ('training failed: rank(s) 0, 1 exited; the first, rank 1, with status 2: ...')
+    said the failure again after RanksFailed's own 'training on 2 ranks failed (exit status 2)'."""
+    own = "at step 3: custom module 'mine' (f.py:Flaky) raised KeyError: 'no such user'; no checkpoint was written"
+    lines = ["run folder run; if it stops, continue with  flowrec train s.yaml --resume run --nproc 2",
+             f"error: rank 1: {own}", "error: rank 0: stopped at step 3: rank 1 stopped first (its line says why); "
+             "no checkpoint was written", f"error: training failed: rank(s) 0, 1 exited; the first, rank 1, with status 2: {own}"]
+    assert str(RanksFailed(2, 2, lines)) == f"training on 2 ranks failed (exit status 2): {own}"
+    above = [*lines[:3], "error: training failed: rank(s) 0, 1 exited; the first, rank 1, with status 2 (its message "
+             "is above)"]
+    assert str(RanksFailed(2, 2, above)) == f"training on 2 ranks failed (exit status 2): {own}"
+    killed = "training failed: rank(s) 1 exited; the first, rank 1, was killed by signal 9 (SIGKILL) and wrote no message"
+    assert str(RanksFailed(2, 137, [f"error: {killed}"])) == f"training on 2 ranks failed (exit status 137): {killed}"
+
+
+def test_a_failed_launch_names_the_python_keywords_not_the_ranks_flags() -> None:
+    lines = ["error: rank 0: d/test is missing: restore it, or give --eval-data DIR (eval_data=) to evaluate"]
+    failed = RanksFailed(2, 2, lines)
+    assert str(failed) == "training on 2 ranks failed (exit status 2): d/test is missing: restore it, or give " \
+                          "eval_data=DIR to evaluate"
+    assert failed.lines == lines  # the ranks' own output, as they wrote it
+
+
+def test_a_run_started_from_another_that_never_checkpointed_goes_to_the_ranks_as_on_the_command_line(
+        finished_run: Path, tmp_path: Path, monkeypatch) -> None:
+    """`flowrec train SPEC --resume RUN --nproc 2` starts such a run from its parent again; the Python
+    call on 2 ranks refused it with the one-process line ('flowrec.train does not start a run from
+    another'), though its ranks are that command's. It now hands it to them, as the command line does."""
+    import json
+
+    class Launched(Exception):
+        pass
+
+    def launched(nproc, max_restarts, args, *rest, **kwargs):
+        raise Launched(args)
+
+    monkeypatch.setattr("flowrec.runs.launch.run_launch", launched)
+    monkeypatch.chdir(finished_run)
+    child = tmp_path / "child"  # as `flowrec train --init-from done --out child` leaves it, stopped at once
+    child.mkdir()
+    recorded = json.loads((finished_run / "done" / "run.json").read_text())
+    (child / "run.json").write_text(json.dumps({**recorded, "init_from": str(finished_run / "done")}))
+    with pytest.raises(Launched) as exc:
+        flowrec.train("s.yaml", resume=child, max_steps=3, nproc=2)
+    assert exc.value.args[0] == ["s.yaml", f"--resume={child}", "--max-steps=3", "-q"]  # rows= left out: on data
+    with pytest.raises(RunError, match="does not start a run from another"):  # one process: still refused
+        flowrec.train("s.yaml", resume=child, max_steps=3)
