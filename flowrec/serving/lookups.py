@@ -33,8 +33,6 @@ from torch import nn
 OUT_OF_RANGE = "an id is outside its table (ids are table-local: 0 <= id < the table's rows)"
 BAD_OFFSETS = ("a feature's offsets are not its bags' bounds (B + 1 of them: 0 first, never decreasing, "
                "its number of ids last)")
-NOT_INTEGERS = ("sparse: a feature's ids or offsets are not integers (int64; int32, int16, int8, uint8 and bool "
-                "are read as int64)")
 NOT_FLOAT32 = "dense: the dense input is not float32 (B, n_dense): cast it with .float()"
 FIELD_BITS = 40  # bits of a coded id that hold its row in the group's table; the bits above, its field in the run
 PROBE = 0.5  # a tensor's `new_full` of it is 0 (integers), True (bools) or 0.5 (floats): twice it is 1 for floats alone
@@ -97,26 +95,40 @@ class GroupLookup(nn.Module):
             limits = getattr(self, f"limits_{i}")
             if run.mode == "none":
                 ids, offsets = sparse[run.features[0]]
-                check_integers(ids, offsets)
+                check_integers(run.features, ids, offsets)
                 ids, offsets = as_int64(ids), as_int64(offsets)
                 first, rows = self.places[run.features[0]]
                 check_bags(ids, torch.zeros_like(ids), limits, offsets.unsqueeze(0))
                 parts.append(sequence(ids, offsets, weight[first:first + rows], run.max_len))  # (B, L, D)
             else:
                 firsts = [self.places[f][0] for f in run.features]
-                pooled = _pooled(weight, [sparse[f] for f in run.features], firsts, limits, run.mode)  # (B, K, D)
+                pooled = _pooled(weight, sparse, run.features, firsts, limits, run.mode)  # (B, K, D)
                 parts.append(as_float32(pooled))
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
 
-def check_integers(*tensors: torch.Tensor) -> None:
-    """Refuse (RuntimeError, one line: `NOT_INTEGERS`) `tensors` (ids or offsets; a run's joined
-    ones: joining promotes, a float among them makes the join float) unless they hold integers
-    (or bools). A torch-only caller may pass any dtype: the program's graph holds the int64 the
-    inputs were traced with, not a check of it, so float ids met torch's own errors deep inside a
-    lookup. A tensor's `new_full` of `PROBE` is made in its dtype at run time."""
+def not_integers(features: tuple[str, ...]) -> str:
+    """The one line that refuses float ids or offsets of one of a run's `features` (a run's are
+    checked together: the first three named).
+
+    >>> not_integers(("user", "item"))
+    "sparse['user'], sparse['item']: ids and offsets must be integers (int64; int32, int16, int8, uint8 and bool are read as int64), not floats"
+    """
+    named = ", ".join(f"sparse[{f!r}]" for f in features[:3])
+    more = f" or another of the {len(features)} features looked up with them" if len(features) > 3 else ""
+    return (f"{named}{more}: ids and offsets must be integers (int64; int32, int16, int8, uint8 and bool are "
+            "read as int64), not floats")
+
+
+def check_integers(features: tuple[str, ...], *tensors: torch.Tensor) -> None:
+    """Refuse (RuntimeError, one line: `not_integers(features)`) `tensors`, the ids or offsets of
+    `features` (a run's joined ones: joining promotes, a float among them makes the join float),
+    unless they hold integers (or bools). A torch-only caller may pass any dtype: the program's
+    graph holds the int64 the inputs were traced with, not a check of it, so float ids met torch's
+    own errors deep inside a lookup. A tensor's `new_full` of `PROBE` is made in its dtype at run
+    time."""
     probes = torch.cat([t.new_full([1], PROBE) for t in tensors])  # (len(tensors),) in their promoted dtype
-    torch._assert_async((probes * 2 != 1).all(), NOT_INTEGERS)
+    torch._assert_async((probes * 2 != 1).all(), not_integers(features))
 
 
 def as_int64(tensor: torch.Tensor) -> torch.Tensor:
@@ -161,9 +173,9 @@ def check_bags(ids: torch.Tensor, field: torch.Tensor, limits: torch.Tensor, off
     return counts
 
 
-def _pooled(weight: torch.Tensor, inputs: list[tuple[torch.Tensor, torch.Tensor]], firsts: list[int],
-            limits: torch.Tensor, mode: str) -> torch.Tensor:
-    """One `embedding_bag` over the bags of K fields (`inputs`: their (ids, offsets)), each field's
+def _pooled(weight: torch.Tensor, sparse: dict[str, tuple[torch.Tensor, torch.Tensor]], features: tuple[str, ...],
+            firsts: list[int], limits: torch.Tensor, mode: str) -> torch.Tensor:
+    """One `embedding_bag` over the bags of K fields (`features`, their (ids, offsets) in `sparse`), each field's
     ids shifted by its table's first row (`firsts`; `limits`: each field's table's rows).  # (B, K, D)
 
     Each field's code (its number above `FIELD_BITS`, its table's first row below) is an add of its
@@ -172,9 +184,10 @@ def _pooled(weight: torch.Tensor, inputs: list[tuple[torch.Tensor, torch.Tensor]
     the concatenated ids' K sizes took a graph node per field and their sum, and torch's guard code
     over it at load; from their cumulative sum, minutes of export."""
     codes = [k << FIELD_BITS | first for k, first in enumerate(firsts)]
+    inputs = [sparse[f] for f in features]
     ids = torch.cat([i for i, _ in inputs])  # (N,) table-local, of the inputs' (promoted) dtype
     offsets = torch.stack([o for _, o in inputs])  # (K, B + 1)
-    check_integers(ids, offsets)
+    check_integers(features, ids, offsets)
     ids = as_int64(ids)  # (a bool id subtracts as an int)
     coded = torch.cat([as_int64(i) + code if code else as_int64(i) for (i, _), code in zip(inputs, codes)])  # (N,) int64
     code = coded - ids  # (N,) each id's field's code

@@ -23,7 +23,7 @@ import flowrec
 from flowrec.data.layout import is_multi
 from flowrec.planner.contract import scoring_plan
 from flowrec.serving.export import export_program
-from flowrec.serving.lookups import BAD_OFFSETS, FIELD_BITS, NOT_FLOAT32, NOT_INTEGERS, OUT_OF_RANGE
+from flowrec.serving.lookups import BAD_OFFSETS, FIELD_BITS, NOT_FLOAT32, OUT_OF_RANGE, not_integers
 from flowrec.serving.trained import ServingModel, load_trained
 
 Inputs = tuple[torch.Tensor, dict[str, tuple[torch.Tensor, torch.Tensor]]]
@@ -108,11 +108,14 @@ def test_bool_ids_score_as_ids_0_and_1_and_strided_inputs_as_contiguous_ones(ser
 def test_float_ids_or_offsets_are_refused_in_one_line(serving, programs, dtype) -> None:
     """Whole float ids too (3.0): a float id of 2**24 or more was rounded before the program saw it."""
     dense, sparse = _small(serving.spec, 5, _seed())
+    runs = {f: run.features for lookup in serving.lookups for run in lookup.runs for f in run.features}
     for name, program in programs.items():
         for feature in ("user", "tags", "genres", "history", "w2"):  # one-valued, sum, mean, sequence, dim 1
             ids, offsets = sparse[feature]
+            line = not_integers(runs[feature])  # names the feature (among those looked up with it)
+            assert f"sparse[{feature!r}]" in line
             for what, pair in (("ids", (ids.to(dtype), offsets)), ("offsets", (ids, offsets.to(dtype)))):
-                _one_line_refusal(program, (dense, {**sparse, feature: pair}), NOT_INTEGERS, f"{name} {feature} {what}")
+                _one_line_refusal(program, (dense, {**sparse, feature: pair}), line, f"{name} {feature} {what}")
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32])
