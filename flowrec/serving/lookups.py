@@ -33,7 +33,6 @@ from torch import nn
 OUT_OF_RANGE = "an id is outside its table (ids are table-local: 0 <= id < the table's rows)"
 BAD_OFFSETS = ("a feature's offsets are not its bags' bounds (B + 1 of them: 0 first, never decreasing, "
                "its number of ids last)")
-NOT_FLOAT32 = "dense: the dense input is not float32 (B, n_dense): cast it with .float()"
 FIELD_BITS = 40  # bits of a coded id that hold its row in the group's table; the bits above, its field in the run
 PROBE = 0.5  # a tensor's `new_full` of it is 0 (integers), True (bools) or 0.5 (floats): twice it is 1 for floats alone
 
@@ -138,12 +137,25 @@ def as_int64(tensor: torch.Tensor) -> torch.Tensor:
     return torch.ops.aten._to_copy.default(tensor, dtype=torch.int64)
 
 
-def check_float32(dense: torch.Tensor) -> None:
-    """Refuse (RuntimeError, one line: `NOT_FLOAT32`) a dense input that is not float32 (float64
-    met torch's dtype error in the first layer; half floats and integers scored without a word,
-    as values float32 does not hold, 1 + 2**-20 + 2**-30 is 1 + 2**-20 in float32 alone)."""
+def bad_dense(width: int) -> str:
+    """The one line that refuses a dense input of another dtype than float32 or another width.
+
+    >>> bad_dense(2)
+    "dense: the dense input must be float32 of shape (B, 2), the spec's dense features in order (cast it with .float())"
+    """
+    return (f"dense: the dense input must be float32 of shape (B, {width}), the spec's dense features in order "
+            "(cast it with .float())")
+
+
+def check_dense(dense: torch.Tensor, width: int) -> None:
+    """Refuse (RuntimeError, one line: `bad_dense(width)`) a dense input that is not float32 or not
+    `width` columns wide. float64 met torch's dtype error in the first layer; half floats and
+    integers scored without a word (1 + 2**-20 + 2**-30 is 1 + 2**-20 in float32 alone, as the
+    probe made in the input's dtype finds), and so did a wider input where torch's guards are not
+    run (`load_model(...).program`). Its width is counted from its first 0 rows (no value read)."""
     probe = dense.new_full([1], 1 + 2 ** -20 + 2 ** -30)
-    torch._assert_async(((probe + -1) * 2 ** 20 == 1).all(), NOT_FLOAT32)
+    columns = (dense[:0].sum(0) + 1).sum()  # () its width, at run time
+    torch._assert_async(((probe + -1) * 2 ** 20 == 1).all() & (columns == width), bad_dense(width))
 
 
 def as_float32(rows: torch.Tensor) -> torch.Tensor:

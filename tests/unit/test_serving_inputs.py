@@ -23,7 +23,7 @@ import flowrec
 from flowrec.data.layout import is_multi
 from flowrec.planner.contract import scoring_plan
 from flowrec.serving.export import export_program
-from flowrec.serving.lookups import BAD_OFFSETS, FIELD_BITS, NOT_FLOAT32, OUT_OF_RANGE, not_integers
+from flowrec.serving.lookups import BAD_OFFSETS, FIELD_BITS, OUT_OF_RANGE, bad_dense, not_integers
 from flowrec.serving.trained import ServingModel, load_trained
 
 Inputs = tuple[torch.Tensor, dict[str, tuple[torch.Tensor, torch.Tensor]]]
@@ -124,7 +124,23 @@ def test_a_dense_input_of_another_dtype_is_refused_in_one_line(serving, programs
     error in the first layer)."""
     dense, sparse = _small(serving.spec, 5, _seed())
     for name, program in programs.items():
-        _one_line_refusal(program, (dense.to(dtype), sparse), NOT_FLOAT32, name)
+        _one_line_refusal(program, (dense.to(dtype), sparse), bad_dense(len(serving.spec.dense_features)), name)
+
+
+def test_a_dense_input_of_another_width_is_refused_in_one_line(serving, programs) -> None:
+    """By torch's guards in the torch-only module; by the program itself in `load_model(...).program`
+    (no guards), where a wider input scored without a word and a narrower one met torch's index
+    error deep in the first layer."""
+    dense, sparse = _small(serving.spec, 5, _seed())
+    width = len(serving.spec.dense_features)
+    assert width == 1
+    for other in (torch.cat([dense, dense + 1], 1), dense[:, :0], torch.cat([dense] * 5, 1)):
+        _one_line_refusal(programs["load_model"], (other, sparse), bad_dense(width), str(other.shape))
+        with pytest.raises(AssertionError) as refused:
+            programs["torch-only"](other, sparse)
+        assert "\n" not in str(refused.value).strip() and "dense" in str(refused.value)
+    _one_line_refusal(programs["load_model"], (dense[:0, :0], {k: (i[:0], o[:1]) for k, (i, o) in sparse.items()}),
+                      bad_dense(width), "no rows, no columns")
 
 
 def test_features_that_disagree_in_rows_are_one_line_from_the_torch_only_module(serving, programs) -> None:
