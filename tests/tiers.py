@@ -45,7 +45,7 @@ FILES: dict[str, frozenset[str]] = {
         "test_dense_optimizer_fused", "test_source_mlp", "test_next_item_data", "test_truncate", "test_memory_fit",
         "test_robust_timing", "test_cost_kinds", "test_onednn_linear", "test_gemm_library", "test_cost_shared_cores", "test_cost_call_fit", "test_cost_managed",
         "test_cost_epoch_start", "test_kept_sample", "test_encoder_of_best", "test_encode_together", "test_line_column", "test_data_doctests",
-        "test_planner_doctests", "test_empty_columns_pass", "test_pt2_module", "test_serving_tables", "test_serving_lookups", "test_serving_inputs",
+        "test_planner_doctests", "test_empty_columns_pass", "test_pt2_module", "test_serving_tables", "test_serving_lookups",
         "test_doc_links",
     )},
     "tests/unit/test_lifecycle_hostile.py": FAST,  # hostile input to runs, --follow, plan --managed-from
@@ -78,6 +78,7 @@ FILES: dict[str, frozenset[str]] = {
     "tests/unit/test_sources_hostile.py": FAST,  # raw readers given hostile forms of real inputs
     "tests/unit/test_sources_scoring.py": FAST,  # predict reads only the package's columns, in every format that can
     "tests/unit/test_serving_hostile.py": frozenset({"e2e"}),
+    "tests/unit/test_serving_inputs.py": frozenset({"e2e"}),  # trains and exports a run: a torch-only caller's hostile tensors
     "tests/unit/test_predict_frames.py": FAST,  # predict's DataFrame to Arrow, column by column for a few rows
     "tests/unit/test_serving_hostile7.py": frozenset({"e2e"}),  # retrieval items' types, hostile packages and rows
     "tests/unit/test_serving_leftovers.py": frozenset({"e2e"}),  # predict's empty columns, look-alike names, hostile packages
