@@ -34,6 +34,7 @@ OUT_OF_RANGE = "an id is outside its table (ids are table-local: 0 <= id < the t
 BAD_OFFSETS = ("a feature's offsets are not its bags' bounds (B + 1 of them: 0 first, never decreasing, "
                "its number of ids last)")
 FIELD_BITS = 40  # bits of a coded id that hold its row in the group's table; the bits above, its field in the run
+PROBE = 0.5  # a tensor's `new_full` of it is 0 (integers), True (bools) or 0.5 (floats): twice it is 1 for floats alone
 
 
 @dataclass(frozen=True)
@@ -93,14 +94,82 @@ class GroupLookup(nn.Module):
             limits = getattr(self, f"limits_{i}")
             if run.mode == "none":
                 ids, offsets = sparse[run.features[0]]
+                check_integers(run.features, ids, offsets)
+                ids, offsets = as_int64(ids), as_int64(offsets)
                 first, rows = self.places[run.features[0]]
                 check_bags(ids, torch.zeros_like(ids), limits, offsets.unsqueeze(0))
                 parts.append(sequence(ids, offsets, weight[first:first + rows], run.max_len))  # (B, L, D)
             else:
                 firsts = [self.places[f][0] for f in run.features]
-                pooled = _pooled(weight, [sparse[f] for f in run.features], firsts, limits, run.mode)  # (B, K, D)
-                parts.append(pooled if pooled.dtype == torch.float32 else pooled.float())
+                pooled = _pooled(weight, sparse, run.features, firsts, limits, run.mode)  # (B, K, D)
+                parts.append(as_float32(pooled))
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+
+def not_integers(features: tuple[str, ...]) -> str:
+    """The one line that refuses float ids or offsets of one of a run's `features` (a run's are
+    checked together: the first three named).
+
+    >>> not_integers(("user", "item"))
+    "sparse['user'], sparse['item']: ids and offsets must be integers (int64; int32, int16, int8, uint8 and bool are read as int64), not floats"
+    """
+    named = ", ".join(f"sparse[{f!r}]" for f in features[:3])
+    more = f" or another of the {len(features)} features looked up with them" if len(features) > 3 else ""
+    return (f"{named}{more}: ids and offsets must be integers (int64; int32, int16, int8, uint8 and bool are "
+            "read as int64), not floats")
+
+
+def check_integers(features: tuple[str, ...], *tensors: torch.Tensor) -> None:
+    """Refuse (RuntimeError, one line: `not_integers(features)`) `tensors`, the ids or offsets of
+    `features` (a run's joined ones: joining promotes, a float among them makes the join float),
+    unless they hold integers (or bools). A torch-only caller may pass any dtype: the program's
+    graph holds the int64 the inputs were traced with, not a check of it, so float ids met torch's
+    own errors deep inside a lookup. A tensor's `new_full` of `PROBE` is made in its dtype at run
+    time."""
+    probes = torch.cat([t.new_full([1], PROBE) for t in tensors])  # (len(tensors),) in their promoted dtype
+    torch._assert_async((probes * 2 != 1).all(), not_integers(features))
+
+
+def as_int64(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` (integers or bools, any dtype at run time) as int64: `.long()` of the int64 it is
+    traced with is no graph node, so an int32 id's add of its field's code wrapped, and a uint8 id
+    indexed a sequence's table as a mask."""
+    return torch.ops.aten._to_copy.default(tensor, dtype=torch.int64)
+
+
+def bad_dense(width: int) -> str:
+    """The one line that refuses a dense input of another dtype than float32 or another width.
+
+    >>> bad_dense(2)
+    "dense: the dense input must be float32 of shape (B, 2), the spec's dense features in order (cast it with .float())"
+    """
+    return (f"dense: the dense input must be float32 of shape (B, {width}), the spec's dense features in order "
+            "(cast it with .float())")
+
+
+def check_dense(dense: torch.Tensor, width: int) -> None:
+    """Refuse (RuntimeError, one line: `bad_dense(width)`) a dense input that is not float32 or not
+    `width` columns wide. float64 met torch's dtype error in the first layer; half floats and
+    integers scored without a word (1 + 2**-20 + 2**-30 is 1 + 2**-20 in float32 alone, as the
+    probe made in the input's dtype finds), and so did a wider input where torch's guards are not
+    run (`load_model(...).program`). Its width is counted from its first 0 rows (no value read)."""
+    probe = dense.new_full([1], 1 + 2 ** -20 + 2 ** -30)
+    columns = (dense[:0].sum(0) + 1).sum()  # () its width, at run time
+    torch._assert_async(((probe + -1) * 2 ** 20 == 1).all() & (columns == width), bad_dense(width))
+
+
+def as_float32(rows: torch.Tensor) -> torch.Tensor:
+    """Looked-up rows of a table (fp32, or fp16 / bf16) as float32. `.float()` is exported with a
+    check that the tensor is on the CPU it was traced on (`_assert_tensor_metadata`), even where
+    it changes nothing.  # same shape"""
+    return rows if rows.dtype == torch.float32 else torch.ops.aten._to_copy.default(rows, dtype=torch.float32)
+
+
+def positions(like: torch.Tensor, n: int) -> torch.Tensor:
+    """0, 1, ..., n - 1 on the device of `like` at run time: an exported `torch.arange` holds the
+    device it was traced on (cpu) as a constant, so a program moved to another device made its
+    ranges on the CPU.  # (n,) int64"""
+    return like.new_ones(n, dtype=torch.int64).cumsum(0) - 1
 
 
 def check_bags(ids: torch.Tensor, field: torch.Tensor, limits: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
@@ -109,16 +178,16 @@ def check_bags(ids: torch.Tensor, field: torch.Tensor, limits: torch.Tensor, off
     and each field's offsets (`offsets`) are its bags' bounds: 0 first, never decreasing, its
     number of ids last. Returns each field's number of ids.  # (K,)"""
     torch._assert_async(((ids >= 0) & (ids < limits.index_select(0, field))).all(), OUT_OF_RANGE)
-    ends = torch.searchsorted(field, torch.arange(offsets.shape[0] + 1))  # (K + 1,) each field's first id
+    ends = torch.searchsorted(field, positions(field, offsets.shape[0] + 1))  # (K + 1,) each field's first id
     counts = ends[1:] - ends[:-1]  # (K,)
     torch._assert_async((offsets[:, 0] == 0).all() & (offsets[:, 1:] >= offsets[:, :-1]).all()
                         & (offsets[:, -1] == counts).all(), BAD_OFFSETS)
     return counts
 
 
-def _pooled(weight: torch.Tensor, inputs: list[tuple[torch.Tensor, torch.Tensor]], firsts: list[int],
-            limits: torch.Tensor, mode: str) -> torch.Tensor:
-    """One `embedding_bag` over the bags of K fields (`inputs`: their (ids, offsets)), each field's
+def _pooled(weight: torch.Tensor, sparse: dict[str, tuple[torch.Tensor, torch.Tensor]], features: tuple[str, ...],
+            firsts: list[int], limits: torch.Tensor, mode: str) -> torch.Tensor:
+    """One `embedding_bag` over the bags of K fields (`features`, their (ids, offsets) in `sparse`), each field's
     ids shifted by its table's first row (`firsts`; `limits`: each field's table's rows).  # (B, K, D)
 
     Each field's code (its number above `FIELD_BITS`, its table's first row below) is an add of its
@@ -127,9 +196,12 @@ def _pooled(weight: torch.Tensor, inputs: list[tuple[torch.Tensor, torch.Tensor]
     the concatenated ids' K sizes took a graph node per field and their sum, and torch's guard code
     over it at load; from their cumulative sum, minutes of export."""
     codes = [k << FIELD_BITS | first for k, first in enumerate(firsts)]
-    ids = torch.cat([i for i, _ in inputs])  # (N,) table-local
-    coded = torch.cat([i if code == 0 else i + code for (i, _), code in zip(inputs, codes)])  # (N,)
+    inputs = [sparse[f] for f in features]
+    ids = torch.cat([i for i, _ in inputs])  # (N,) table-local, of the inputs' (promoted) dtype
     offsets = torch.stack([o for _, o in inputs])  # (K, B + 1)
+    check_integers(features, ids, offsets)
+    ids = as_int64(ids)  # (a bool id subtracts as an int)
+    coded = torch.cat([as_int64(i) + code if code else as_int64(i) for (i, _), code in zip(inputs, codes)])  # (N,) int64
     code = coded - ids  # (N,) each id's field's code
     counts = check_bags(ids, code >> FIELD_BITS, limits, offsets)  # (K,) ids per field
     rows = ids + (code & ((1 << FIELD_BITS) - 1))  # (N,) rows of the group's table
@@ -143,9 +215,9 @@ def _pooled(weight: torch.Tensor, inputs: list[tuple[torch.Tensor, torch.Tensor]
 def sequence(ids: torch.Tensor, offsets: torch.Tensor, weight: torch.Tensor, max_len: int) -> torch.Tensor:
     """Padded sequence lookup: the first max_len ids of each bag; padding rows are zeros.  # (B, L, D)"""
     lengths = (offsets[1:] - offsets[:-1]).clamp(max=max_len)  # (B,)
-    positions = torch.arange(max_len)
-    valid = positions.unsqueeze(0) < lengths.unsqueeze(1)  # (B, L)
+    places = positions(ids, max_len)  # (L,)
+    valid = places.unsqueeze(0) < lengths.unsqueeze(1)  # (B, L)
     padded = torch.cat([ids, ids.new_zeros(1)])  # index nnz: the padding id of short sequences
-    index = (offsets[:-1].unsqueeze(1) + positions.unsqueeze(0)).clamp(max=ids.numel())  # (B, L)
+    index = (offsets[:-1].unsqueeze(1) + places.unsqueeze(0)).clamp(max=ids.numel())  # (B, L)
     rows = torch.where(valid, padded[index], 0)  # (B, L)
-    return weight[rows].float() * valid.unsqueeze(2)  # padding positions are zeros
+    return as_float32(weight[rows]) * valid.unsqueeze(2)  # padding positions are zeros

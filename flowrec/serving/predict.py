@@ -79,7 +79,10 @@ class LoadedModel:
         spec: the model spec.
         record: the encoder record (rules, fingerprint).
         encoder: the encoder applying it to raw tables.
-        program: the exported program's module: (dense, sparse) -> (B, n_heads).
+        program: the exported program's module: (dense, sparse) -> (B, n_heads), without torch's
+            guards (`program_module`): it refuses float ids and a dense input that is not float32
+            (B, n_dense), but not inputs that disagree in rows or number of dimensions (torch's
+            errors deep in the program), which the guards of `torch.export.load(...).module()` refuse.
         manifest: the package manifest.
         maps: the maps of managed tables (`flowrec.serving.managed`).
     """

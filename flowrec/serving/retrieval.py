@@ -39,6 +39,7 @@ from flowrec.data.encoder_record import EncoderRecord
 from flowrec.data.layout import is_multi
 from flowrec.runtime.evaluation.scores import head_columns
 from flowrec.runtime.retrieval import catalogue_ids, catalogue_vectors
+from flowrec.serving.lookups import positions
 from flowrec.serving.retrieval_index import HEADS_FILE, INDEX_FILE, ITEMS_FILE, faiss_module, for_index, id_type
 
 EXAMPLE_BATCH = 4  # rows of the example inputs the query program is traced with (the batch is dynamic)
@@ -54,7 +55,7 @@ class QueryTower(nn.Module):
 
     def forward(self, dense: torch.Tensor, sparse: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         b = dense.shape[0]
-        item = (torch.zeros(b, dtype=torch.int64), torch.arange(b + 1))
+        item = (dense.new_zeros(b, dtype=torch.int64), positions(dense, b + 1))  # (on the inputs' device)
         out = self.serving(dense, {**sparse, self.item_feature: item})
         return out[:, self.columns[0]:self.columns[1]]
 

@@ -57,7 +57,7 @@ from flowrec.runtime.session import open_dataset, resolve_device
 from flowrec.spec.load import spec_from_dict
 from flowrec.spec.model import ModelSpec
 from flowrec.spec.validate import validate_document
-from flowrec.serving.lookups import GroupLookup
+from flowrec.serving.lookups import GroupLookup, as_int64, check_dense, positions
 from operators.custom_code import UserCodeRefused
 from operators.embedding import restoring_tables
 
@@ -295,6 +295,7 @@ class ServingModel(nn.Module):
         self.tables = nn.ParameterList(packed)  # one (rows, D) table per packed group: its tables in turn
         self.lookups = nn.ModuleList(lookups)
         self.dense_model = lowered  # the dense part of the model, without its packed tables
+        self.dense_width = len(spec.dense_features)  # columns of the dense input
 
     def table(self, name: str) -> torch.Tensor:
         """The rows of one logical table inside its group's table (a view).  # (rows, D)"""
@@ -307,6 +308,7 @@ class ServingModel(nn.Module):
             weight.data = weight.data.to(dtype)
 
     def forward(self, dense: torch.Tensor, sparse: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        check_dense(dense, self.dense_width)
         emb, masks = {}, {}
         for group, weight, lookup in zip(self.fields, self.tables, self.lookups):
             emb[group] = lookup(weight, sparse)  # (B, S, D)
@@ -314,10 +316,10 @@ class ServingModel(nn.Module):
             seq_slot = OP_KINDS[step.kind].sequence_slot
             if seq_slot is not None:
                 seq_feature = step.slots[seq_slot].fields[0]
-                ids, offsets = sparse[seq_feature]
+                offsets = as_int64(sparse[seq_feature][1])  # (a bool offset subtracts as an int)
                 lengths = (offsets[1:] - offsets[:-1]).clamp(max=emb_len(self.fields, seq_feature))
-                positions = torch.arange(emb_len(self.fields, seq_feature))
-                masks[step.name] = positions.unsqueeze(0) < lengths.unsqueeze(1)  # (B, L)
+                places = positions(offsets, emb_len(self.fields, seq_feature))  # (L,) on the inputs' device
+                masks[step.name] = places.unsqueeze(0) < lengths.unsqueeze(1)  # (B, L)
         logits = self.dense_model.dense_forward(dense, emb, masks)
         return scores(logits, self.tasks, self.dense_model.head_widths)
 
