@@ -18,7 +18,7 @@ def export(
     run_dir: Path = typer.Argument(..., metavar="RUN", help="Run folder (with checkpoint.pt) or a checkpoint file."),
     out: Path = typer.Argument(..., metavar="OUT", help="Package folder to create (absent or empty); never inside a run folder, package or dataset."),
     dtype: str = typer.Option("fp32", "--dtype", help="Table dtype in the package: fp32, fp16 or bf16 (half the bytes; the largest score difference on the run's evaluation data is reported)."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUT when it holds a model package or other files (never a run folder, dataset or encoder)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUT when it holds a model package (never a folder of other files, a run folder, dataset or encoder)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No summary lines."),
     index: str = typer.Option("auto", "--index", help="Retrieval runs: the item index beside items.parquet: faiss (an exact flat inner-product index; needs the ann extra, faiss-cpu), exact (none: predict --top-k scores every item in torch) or auto (faiss when installed)."),
 ) -> None:
