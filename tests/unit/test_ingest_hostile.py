@@ -1497,3 +1497,40 @@ def test_a_spec_cannot_make_convert_read_only_some_columns_or_rows_without_label
     path.write_text("\n".join(lines) + "\n")
     with pytest.raises(DataError, match=f"x.csv:{gap + 2}: missing label"):
         convert(_spec(options={**internal}), "csv", [path], tmp_path / "unlabelled")
+
+
+@pytest.mark.parametrize("codec", ["rot13", "base64", "hex", "undefined"])
+def test_a_codec_that_is_no_text_encoding_is_one_line_naming_the_option(tmp_path: Path, codec: str) -> None:
+    """`data.options.encoding: rot13` (a codec Python knows, of text to text; base64 and hex of
+    bytes to bytes) passed the lookup and was a LookupError traceback once the file was read."""
+    path = tmp_path / "x.csv"
+    path.write_text("price,user,clicked\n1,a,1\n2,b,0\n", encoding="utf-8")
+    with pytest.raises(DataError, match=rf"^data\.options\.encoding: '{codec}' is not a text encoding"):
+        convert(_spec(), "csv", [path], tmp_path / "out", options={"encoding": codec})
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("policy", ["fail", "skip"])
+@pytest.mark.parametrize("bad_line", [2, 3, 1_500])
+def test_a_file_that_does_not_read_in_its_encoding_names_the_file_and_line(tmp_path: Path, bad_line: int,
+                                                                            policy: str) -> None:
+    """A byte cp1252 leaves undefined (0x81) in a file read as cp1252 was Python's bare 'charmap'
+    codec can't decode byte 0x81 in position 6542952 ...', naming neither file nor line nor option,
+    from the first block of the reader or a later one; a UTF-8 file read as utf-16 (no byte-order
+    mark) was 'UTF-16 stream does not start with BOM', also with the header given as names."""
+    lines = [f"{i},u{i},{i % 2}\n".encode() for i in range(2_000)]
+    lines[bad_line - 2] = f"{bad_line},u\x81{bad_line},1\n".encode("latin-1")  # line 1 is the header
+    path = tmp_path / "rows.csv"
+    path.write_bytes(b"price,user,clicked\n" + b"".join(lines))
+    options = {"encoding": "cp1252", "chunk_bytes": 4_096}  # several blocks: line 1,500 is in a later one
+    with pytest.raises(DataError, match=rf"^{re.escape(str(path))}:{bad_line}: the text does not read as cp1252 "
+                                        r"\(byte b'\\x81'.*; set data\.options\.encoding"):
+        convert(_spec(), "csv", [path], tmp_path / "out", on_error=policy, options=options)
+    for given in ({}, {"header": False, "names": ["price", "user", "clicked"]}):
+        with pytest.raises(DataError, match=rf"^{re.escape(str(path))}:1: the text does not read as utf-16 .*"
+                                            r"set data\.options\.encoding .*utf-16-le or utf-16-be"):
+            convert(_spec(), "csv", [path], tmp_path / "out", on_error=policy, options={"encoding": "utf-16", **given})
+    assert not (tmp_path / "out").exists()
+    path.write_bytes(b"price,user,clicked\n" + b"".join(lines).replace(b"\x81", b"\xe9"))  # e acute in cp1252
+    report = convert(_spec(), "csv", [path], tmp_path / "out", on_error=policy, options=options)
+    assert report.rows == 2_000
