@@ -1534,3 +1534,33 @@ def test_a_file_that_does_not_read_in_its_encoding_names_the_file_and_line(tmp_p
     path.write_bytes(b"price,user,clicked\n" + b"".join(lines).replace(b"\x81", b"\xe9"))  # e acute in cp1252
     report = convert(_spec(), "csv", [path], tmp_path / "out", on_error=policy, options=options)
     assert report.rows == 2_000
+
+
+def test_a_link_whose_target_is_gone_is_named_as_such_not_as_missing(tmp_path: Path) -> None:
+    """A link left by a moved file (`latest.csv -> day_9.csv`, day_9.csv deleted) was 'input not
+    found', 'no such file' or 'dataset directory not found' though `ls` lists it; each command now
+    names the link and what it points at."""
+    from typer.testing import CliRunner
+
+    from flowrec.cli import app
+    from flowrec.testing.specs import mini_spec
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text(mini_spec("links"))
+    for name, target in (("latest.yaml", "v9.yaml"), ("latest.csv", "day_9.csv"), ("latest", "day_9")):
+        (tmp_path / name).symlink_to(tmp_path / target)
+    gone = {name: f"{tmp_path / name}" for name in ("latest.yaml", "latest.csv", "latest")}
+    for args, said in (
+            (["validate", gone["latest.yaml"]], f"{gone['latest.yaml']}: a link to '{tmp_path / 'v9.yaml'}', which does "
+                                                "not exist: point it at the spec"),
+            (["data", "convert", "csv", gone["latest.csv"], str(tmp_path / "out"), "--spec", str(spec)],
+             f"error: input not found: {gone['latest.csv']} is a link to '{tmp_path / 'day_9.csv'}', which does not exist"),
+            (["predict", str(tmp_path / "pkg"), gone["latest.csv"], "--out", str(tmp_path / "s.csv")],
+             f"error: input not found: {gone['latest.csv']} is a link to '{tmp_path / 'day_9.csv'}', which does not exist"),
+            (["data", "inspect", gone["latest"]],
+             f"error: dataset directory not found: {gone['latest']} is a link to '{tmp_path / 'day_9'}', which does not "
+             "exist")):
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 2, result.output
+        assert result.output.startswith(said), result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "latest.csv", "latest.yaml", "s.yaml"]
