@@ -17,6 +17,7 @@ Example:
 """
 from __future__ import annotations
 
+import os
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -1204,7 +1205,33 @@ def movielens_release(path: Path) -> str:
         if all((path / n).is_file() for n in names):
             return release
     wanted = "; ".join(f"{r}: {', '.join(n)}" for r, n in ML_RELEASES.items())
-    raise DataError(f"{path} is not a MovieLens folder: it lacks the files of every release ({wanted})")
+    # the release most of whose files are there: a name of it that is no file (a folder, a pipe, a
+    # broken link) or missing was 'not a MovieLens folder: it lacks the files of every release'
+    release, names = max(ML_RELEASES.items(), key=lambda item: (sum(os.path.lexists(path / n) for n in item[1]),
+                                                                 -len(item[1])))
+    for name in names:
+        if os.path.lexists(path / name) and not (path / name).is_file():
+            raise DataError(f"{path / name} is {_not_a_file(path / name)}, not a file: the MovieLens {release} "
+                            f"release's {name} is a file of its rows ({release}: {', '.join(names)})")
+    missing = [name for name in names if not os.path.lexists(path / name)]
+    lacks = (f"{', '.join(missing)} of the {release} release (the files of every release: {wanted})"
+             if len(missing) < len(names) else f"the files of every release ({wanted})")
+    raise DataError(f"{path} is not a MovieLens folder: it lacks {lacks}")
+
+
+def _not_a_file(path: Path) -> str:
+    """What stands at `path`, which is no regular file (os.lstat's kind, a link followed).
+
+    >>> _not_a_file(Path("/"))
+    'a folder'
+    """
+    import stat
+
+    if path.is_symlink() and not path.exists():
+        return "a broken link"
+    mode = path.stat().st_mode
+    return ("a folder" if stat.S_ISDIR(mode) else "a pipe (FIFO)" if stat.S_ISFIFO(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "a device")
 
 
 def _movielens_tables(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
