@@ -91,7 +91,7 @@ def export_package(run_dir: Path, out: Path, dtype: str, overwrite: bool, quiet:
             replace_folder(staged, target, overwrite)  # the old package stays until the new one is in place
     except (DataError, OSError, ValueError, RuntimeError) as exc:
         undo()
-        fail(f"cannot export to {out}: {custom_failure(exc) or first_line(exc)}")
+        fail(f"cannot export to {out}: {custom_failure(exc) or first_line(exc)}{_disk_full(target, exc)}")
     except KeyboardInterrupt as exc:
         undo()
         if interrupts_raised:
@@ -146,6 +146,35 @@ def _staging_folder(out: Path) -> Path:
 
     remove_leftovers(out, lambda line: say(line, err=True))
     return out.with_name(f".{short(out.name)}.export-{temp_tag()}")
+
+
+LOW_SPACE_BYTES = 16 << 20  # free bytes below which a failed write is told as a full disk (16 MiB)
+
+
+def _disk_full(target: Path, exc: BaseException) -> str:
+    """What a failed export adds when the disk holding `target` is (nearly) full once the staged
+    package is removed: torch's writer says only 'basic_ios::clear: iostream error' (or 'file write
+    failed'), naming neither the disk nor the cause; '' otherwise (an OSError's own words say
+    'No space left on device' already).
+
+    >>> _disk_full(Path("/"), OSError(28, "No space left on device"))
+    ''
+    """
+    import errno
+    import shutil
+
+    from flowrec.spec.units import format_bytes
+
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return ""
+    try:
+        free = shutil.disk_usage(target.parent).free
+    except OSError:
+        return ""
+    if free >= LOW_SPACE_BYTES:
+        return ""
+    return (f" (the disk holding {target.parent} has {format_bytes(free)} free: it is full, most likely; free "
+            "space there or export elsewhere)")
 
 
 def _check_target(folder: Path, out: Path, overwrite: bool) -> None:
