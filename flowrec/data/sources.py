@@ -1457,6 +1457,11 @@ def encoded_dataset_line(path: Path) -> str | None:
     found = next((m for m in inner if m.is_file()), None)
     if found is None:
         return None
+    if found.parent.parent == path and found.parent.name not in ("train", "test"):  # not a split's part: a folder
+        # holding a dataset among other things was called 'an encoded flowrec dataset' itself
+        return (f"{path} holds the encoded flowrec dataset {found.parent} ({found} exists), whose rows are no raw "
+                f"rows: give a file of raw rows, or a folder of them alone; score {found.parent} with "
+                "`flowrec eval RUN --data DIR`")
     return (f"{path} is an encoded flowrec dataset ({found} exists), not raw rows: encoding it again would read "
             "other ids; give the raw rows it was converted from, or score it with `flowrec eval RUN --data DIR`")
 

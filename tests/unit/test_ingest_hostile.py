@@ -1564,3 +1564,27 @@ def test_a_link_whose_target_is_gone_is_named_as_such_not_as_missing(tmp_path: P
         assert result.exit_code == 2, result.output
         assert result.output.startswith(said), result.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "latest.csv", "latest.yaml", "s.yaml"]
+
+
+def test_a_folder_holding_a_dataset_among_other_files_is_not_called_a_dataset(tmp_path: Path) -> None:
+    """`data convert csv . OUT` (or parquet) in a folder holding raw rows and, among them, a dataset
+    `ds/` said '. is an encoded flowrec dataset': the folder is no dataset, it holds one; a split's
+    root (train/, test/) and a dataset itself are still said to be one."""
+    from flowrec.data.layout import META_FILE
+    from flowrec.data.sources import encoded_dataset_line
+
+    raw = tmp_path / "raw"
+    (raw / "ds").mkdir(parents=True)
+    (raw / "ds" / META_FILE).write_text("{}")
+    (raw / "rows.csv").write_text("price,user,clicked\n1,a,1\n")
+    line = encoded_dataset_line(raw)
+    assert line is not None and line.startswith(f"{raw} holds the encoded flowrec dataset {raw / 'ds'} "), line
+    for part in ("train", "test"):
+        (tmp_path / "split" / part).mkdir(parents=True)
+        (tmp_path / "split" / part / META_FILE).write_text("{}")
+    for dataset in (tmp_path / "split", tmp_path / "split" / "train", raw / "ds"):
+        line = encoded_dataset_line(dataset)
+        assert line is not None and line.startswith(f"{dataset} is an encoded flowrec dataset ("), line
+    with pytest.raises(DataError, match=f"^{re.escape(str(raw))} holds the encoded flowrec dataset"):
+        convert(_spec(), "csv", [raw], tmp_path / "out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["raw", "split"]
