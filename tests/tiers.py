@@ -129,6 +129,8 @@ FILES: dict[str, frozenset[str]] = {
 
 # single tests whose cost differs from their file's ("file::test name", parameters left out)
 TESTS: dict[str, frozenset[str]] = {
+    "tests/integration/test_cli_spec_hostile.py::test_output_to_a_full_disk_is_one_line_not_a_traceback":
+        frozenset({"processes"}),
     "tests/unit/test_api_resume.py::test_a_run_of_two_ranks_goes_on_in_python_as_on_the_command_line":
         frozenset({"processes"}),
     "tests/unit/test_serving_hostile.py::test_the_separator_note_reads_a_spec_with_data_options": frozenset(),

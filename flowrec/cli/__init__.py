@@ -5,13 +5,15 @@ Each command group lives in its own module and registers itself on the app; heav
 """
 from __future__ import annotations
 
+import errno
+import os
 import shutil
 import sys
 
 import typer
 from typer.core import TyperCommand
 
-from flowrec.cli.common import SHOW_VERSION, OneLineErrorsGroup, RepeatedArgumentsCommand, exit_without_teardown
+from flowrec.cli.common import EXIT_INVALID, SHOW_VERSION, OneLineErrorsGroup, RepeatedArgumentsCommand, exit_without_teardown
 from flowrec.version import __version__
 from flowrec.cli import (calibrate_cmd, data_cmds, doctor_cmd, export_cmd, plan_cmd, predict_cmd, spec_cmds,
                          train_cmds)
@@ -92,6 +94,35 @@ def help_layout(columns: int | None = None) -> str | None:
     return "rich" if columns >= RICH_HELP_COLUMNS else None
 
 
+def stdout_failure(exc: OSError) -> str | None:
+    """What refused a write to the standard output, where `exc` was that (`flowrec schema >
+    full/schema.json`, `plan`, `eval --json -` to a full disk or /dev/full: a traceback of
+    click's echo or of the write): the error's words when stdout itself refuses a write now
+    (/dev/full) or lies on a file system with no free block; None otherwise (another file's
+    error, or a terminal). Click handles a closed pipe (EPIPE) itself."""
+    if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EIO):
+        return None
+    try:
+        if os.isatty(1):
+            return None
+        os.write(1, b"")  # /dev/full refuses any write
+        blocks = os.fstatvfs(1)
+    except OSError as probe:
+        return probe.strerror or str(probe)
+    return os.strerror(exc.errno) if (blocks.f_bavail == 0 or blocks.f_bfree == 0) else None
+
+
+def _silence_stdout() -> None:
+    """Point the standard output at /dev/null, so the interpreter's flush at exit does not fail again
+    (`Exception ignored ... No space left on device`)."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 1)
+        os.close(null)
+    except OSError:
+        pass
+
+
 def main() -> None:
     """Run the command line (its `--help` laid out for this terminal: `help_layout`). A command that read a CSV file through pyarrow's streaming reader ends
     without the interpreter's teardown, its output flushed and its exit status kept: Arrow's IO
@@ -104,7 +135,15 @@ def main() -> None:
     for typer_app in (app, data_cmds.data_app):
         typer_app.rich_markup_mode = layout
     try:
-        app()
+        try:
+            app()
+        except OSError as exc:
+            if (problem := stdout_failure(exc)) is None:
+                raise
+            sys.stderr.write(f"error: cannot write the command's output to its standard output: {problem} "
+                             "(redirected to a full disk?); what it holds of the output is incomplete\n")
+            _silence_stdout()
+            raise SystemExit(EXIT_INVALID) from None
     except SystemExit as exc:
         sources = sys.modules.get("flowrec.data.sources")
         if sources is not None and sources.arrow_threads_may_hold_python():

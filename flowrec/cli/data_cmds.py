@@ -47,8 +47,8 @@ FORMAT is one of criteo (TSV: label, I1..I13, C1..C26), avazu (CSV), libsvm / li
 or a folder of them).
 Categorical values are hashed or mapped through a vocabulary as the spec's tables say.
 Binary heads take labels 0 or 1 (libsvm / libfm: -1 is read as 0, and counted); any other label
-is a malformed row. OUT must be absent or empty unless --overwrite, which replaces it only once
-the new dataset is complete. Converting no rows (empty, header-only or wrong-format input) is an
+is a malformed row. OUT must be absent or empty unless --overwrite, which replaces a dataset only
+once the new dataset is complete (a folder of other files is refused). Converting no rows (empty, header-only or wrong-format input) is an
 error and leaves nothing behind. With --encoder-from RUN the rows are encoded with a trained
 run's encoder; values its vocabularies lack take the spare rows of tables with vocab_spare (in
 order of first appearance; the output says how many, and how many went to row 0 when none was
@@ -65,7 +65,8 @@ Examples:
 
 SYNTH_HELP = """Write synthetic data for any spec (Zipf-skewed ids, learnable labels) as Parquet.
 
---out must be absent or empty unless --overwrite, which replaces it once the new data is complete.
+--out must be absent or empty unless --overwrite, which replaces a dataset once the new data is
+complete (a folder of other files is refused).
 
 \b
 Example:
@@ -129,7 +130,7 @@ def convert(
     split_seed: Optional[int] = typer.Option(None, help="Seed of the train/test split, 0 .. 2^64-1 (a row's side is a hash of the seed and its values: the same seed, the same split). Default: the spec's data.options.split_seed, else 0."),
     rows_per_file: int = typer.Option(1 << 20, min=1, help="Rows per Parquet part file."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty OUT (atomically)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUT's dataset (atomically); a folder of other files is refused."),
     encoder_from: Optional[Path] = typer.Option(None, "--encoder-from", help="Encode with the encoder of this run, export package or encoded dataset (its vocabularies and statistics; unseen values go to row 0 or their hash bucket, or, in tables with vocab_spare, to the free rows after the vocabulary in order of first appearance) instead of fitting a new one."),
     no_grow: bool = typer.Option(False, "--no-grow", help="With --encoder-from: keep the vocabularies as they are (unseen values go to row 0, as `flowrec predict` encodes them)."),
 ) -> None:
@@ -219,7 +220,7 @@ def synth(
     seed: int = typer.Option(0, help="Seed (the data is a function of spec, seed, alpha)."),
     alpha: float = typer.Option(1.1, help="Zipf exponent of the ids (higher: more skew)."),
     rows_per_file: int = typer.Option(1 << 18, min=1, help="Rows per Parquet part file."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty --out (atomically)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out's dataset (atomically); a folder of other files is refused."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No summary line."),
 ) -> None:
     def work():

@@ -18,7 +18,7 @@ def export(
     run_dir: Path = typer.Argument(..., metavar="RUN", help="Run folder (with checkpoint.pt) or a checkpoint file."),
     out: Path = typer.Argument(..., metavar="OUT", help="Package folder to create (absent or empty); never inside a run folder, package or dataset."),
     dtype: str = typer.Option("fp32", "--dtype", help="Table dtype in the package: fp32, fp16 or bf16 (half the bytes; the largest score difference on the run's evaluation data is reported)."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUT when it holds a model package or other files (never a run folder, dataset or encoder)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUT when it holds a model package (never a folder of other files, a run folder, dataset or encoder)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No summary lines."),
     index: str = typer.Option("auto", "--index", help="Retrieval runs: the item index beside items.parquet: faiss (an exact flat inner-product index; needs the ann extra, faiss-cpu), exact (none: predict --top-k scores every item in torch) or auto (faiss when installed)."),
 ) -> None:
@@ -91,7 +91,7 @@ def export_package(run_dir: Path, out: Path, dtype: str, overwrite: bool, quiet:
             replace_folder(staged, target, overwrite)  # the old package stays until the new one is in place
     except (DataError, OSError, ValueError, RuntimeError) as exc:
         undo()
-        fail(f"cannot export to {out}: {custom_failure(exc) or first_line(exc)}")
+        fail(f"cannot export to {out}: {custom_failure(exc) or first_line(exc)}{_disk_full(target, exc)}")
     except KeyboardInterrupt as exc:
         undo()
         if interrupts_raised:
@@ -146,6 +146,35 @@ def _staging_folder(out: Path) -> Path:
 
     remove_leftovers(out, lambda line: say(line, err=True))
     return out.with_name(f".{short(out.name)}.export-{temp_tag()}")
+
+
+LOW_SPACE_BYTES = 16 << 20  # free bytes below which a failed write is told as a full disk (16 MiB)
+
+
+def _disk_full(target: Path, exc: BaseException) -> str:
+    """What a failed export adds when the disk holding `target` is (nearly) full once the staged
+    package is removed: torch's writer says only 'basic_ios::clear: iostream error' (or 'file write
+    failed'), naming neither the disk nor the cause; '' otherwise (an OSError's own words say
+    'No space left on device' already).
+
+    >>> _disk_full(Path("/"), OSError(28, "No space left on device"))
+    ''
+    """
+    import errno
+    import shutil
+
+    from flowrec.spec.units import format_bytes
+
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return ""
+    try:
+        free = shutil.disk_usage(target.parent).free
+    except OSError:
+        return ""
+    if free >= LOW_SPACE_BYTES:
+        return ""
+    return (f" (the disk holding {target.parent} has {format_bytes(free)} free: it is full, most likely; free "
+            "space there or export elsewhere)")
 
 
 def _check_target(folder: Path, out: Path, overwrite: bool) -> None:

@@ -52,7 +52,10 @@ def predict(
     if str(out) == "-":  # Parquet was written to a file named '-' ('wrote N scored rows to -')
         fail("--out - : predict writes a scores file, not stdout: give a file name (.parquet, .csv or .tsv)")
     if not raw.exists():
-        fail(f"input not found: {raw}")
+        from flowrec.spec.read import broken_link
+
+        link = broken_link(raw)
+        fail(f"input not found: {raw}" + ("" if link is None else f" is {link}"))
     from flowrec.cli.streams import refuse_stream_as_package
 
     refuse_stream_as_package(model_dir, "predict")

@@ -56,6 +56,7 @@ from flowrec.data.split_share import empty_side_error, far_from, share_line
 from flowrec.data.sources import FORMAT_ALIASES, LINE_COLUMN, TextColumn, feature_map_of, reader
 from flowrec.data.vocab_growth import TableGrowth, grow_encoder
 from flowrec.spec.model import ModelSpec
+from flowrec.spec.read import broken_link
 
 ROWS_PER_FILE = 1 << 20  # rows per Parquet part file
 ROW_GROUP_ROWS = 1 << 14  # rows per Parquet row group: the unit a rank reads (1/8 of a shuffle chunk)
@@ -295,7 +296,8 @@ def convert(spec: ModelSpec, fmt: str, inputs: list[Path], out: Path, on_error: 
     check_sequence_sep(merged)
     for path in inputs:
         if not path.exists():
-            raise DataError(f"input not found: {path}")
+            link = broken_link(path)
+            raise DataError(f"input not found: {path}" + ("" if link is None else f" is {link}"))
     if encoder is not None:
         _check_vocabularies(spec, encoder)
     unread = [line for path in inputs if fmt == "parquet" for line in unread_lines(path)]  # a job still writing

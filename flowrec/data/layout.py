@@ -29,7 +29,7 @@ from typing import Any
 from flowrec.data.owners import META_FILE, is_stream_folder, owner_of
 from flowrec.spec.json_doc import parse_json_text, version_problem
 from flowrec.spec.model import DenseFeature, ModelSpec, SparseFeature, TableSpec
-from flowrec.spec.read import MAX_SPEC_BYTES
+from flowrec.spec.read import MAX_SPEC_BYTES, broken_link
 
 META_FORMAT = "flowrec-dataset"
 META_VERSION = 1
@@ -198,7 +198,8 @@ def read_meta(path: str | Path) -> DatasetMeta:
         raise DataError(f"{path} is a file, not a dataset folder: give the folder holding {META_FILE} "
                         f"(raw files are converted into one by `flowrec data convert {raw} {path} OUT --spec SPEC`)")
     if not path.is_dir():
-        raise DataError(f"dataset directory not found: {path}")
+        link = broken_link(path)
+        raise DataError(f"dataset directory not found: {path}" + ("" if link is None else f" is {link}"))
     meta = path / META_FILE
     if not meta.is_file():
         parts = [part for part in ("train", "test") if (path / part / META_FILE).is_file()]

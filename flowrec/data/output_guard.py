@@ -156,6 +156,10 @@ def check_folder_output(out: Path, inputs: Sequence[Path], overwrite: bool, kind
     if held is not None:
         raise OutputError(f"refusing to replace {out}: it holds {held[1]}'s folder {held[0]}, which only "
                           "that owner writes")
+    mine = _a_file_below(out) if owner is None and out.is_dir() else None
+    if mine is not None:
+        raise OutputError(f"refusing to replace {out}: it is not {kind}'s folder (it holds {mine}), and "
+                          f"--overwrite replaces only {kind} flowrec wrote; give an empty or new folder")
     _make_parents(out)
 
 
@@ -195,6 +199,19 @@ def _owned_below(folder: Path) -> tuple[Path, str] | None:
         owner = owner_of(path) if path.is_dir() and not path.is_symlink() else None
         if owner is not None:
             return path, owner
+    return None
+
+
+def _a_file_below(folder: Path) -> str | None:
+    """The path (relative to `folder`, shown escaped as `repr` shows it where needed) of the first
+    thing below `folder` that is not a folder (a file, a link, a pipe), or of the entry at which a
+    bounded walk stopped; None when `folder` holds only (empty) folders. `--overwrite` of a
+    dataset or package folder once replaced a folder of the user's own files whole, no flowrec
+    output among them (`data synth --out ~/notes --overwrite`)."""
+    for n, path in enumerate(folder.rglob("*")):
+        if n >= MAX_INPUT_FILES or path.is_symlink() or not path.is_dir():
+            name = str(path.relative_to(folder))
+            return name if name.isprintable() else repr(name)
     return None
 
 

@@ -17,6 +17,7 @@ Example:
 """
 from __future__ import annotations
 
+import os
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -128,7 +129,7 @@ def read_avazu(path: Path, options: dict[str, Any], log: ErrorLog, numeric: set[
     if scoring is not None and scoring.columns is not None:
         try:
             header = _header_names(path, ",", encoding or "utf-8")
-        except (OSError, pa.ArrowInvalid):
+        except (OSError, pa.ArrowInvalid, UnicodeError):
             header = None  # the reader names the file
     yield from csv_chunks(path, log, set(numeric) | {"click"}, delimiter=",", names=None,
                           required=set() if scoring else {"click"},
@@ -225,14 +226,29 @@ def _csv_options(options: dict[str, Any]) -> tuple[str, bool, list[str]]:
 
 
 def _encoding(name: Any) -> str:
-    """A text encoding Python knows, by its canonical name (DataError for another value)."""
+    """A text encoding Python knows, by its canonical name (DataError for another value). A codec
+    that is no text encoding (rot13, base64, hex, zlib: bytes to bytes or text to text; `undefined`)
+    is refused too: it was a LookupError traceback once the file was read.
+
+    >>> _encoding("Latin-1")
+    'iso8859-1'
+    >>> _encoding("rot13")
+    Traceback (most recent call last):
+    flowrec.data.layout.DataError: data.options.encoding: 'rot13' is not a text encoding (e.g. utf-8, latin-1, cp1252, utf-16)
+    """
     import codecs
 
     try:
-        return codecs.lookup(str(name)).name
+        found = codecs.lookup(str(name)).name
     except LookupError:
         raise DataError(f"data.options.encoding: unknown text encoding {str(name)[:40]!r} "
                         "(e.g. utf-8, latin-1, cp1252, utf-16)") from None
+    try:
+        "".encode(found)
+    except (LookupError, UnicodeError):
+        raise DataError(f"data.options.encoding: {str(name)[:40]!r} is not a text encoding "
+                        "(e.g. utf-8, latin-1, cp1252, utf-16)") from None
+    return found
 
 
 def csv_chunks(path: Path, log: ErrorLog, numeric: set[str], delimiter: str, names: list[str] | None,
@@ -301,23 +317,26 @@ def csv_chunks(path: Path, log: ErrorLog, numeric: set[str], delimiter: str, nam
                                                 # a quoted value may span lines: across a block's end too
                                                 newlines_in_values=quote is not None),
                 convert_options=_binary_columns(path, delimiter, names, encoding or "utf-8", columns))
+    except UnicodeError as exc:  # the header's (beyond errors="replace": UTF-16 without its byte-order
+        # mark) or the reader's transcoding of the first block
+        raise not_in_encoding(path, encoding or "utf-8", exc, hint) from None
     except (OSError, pa.ArrowInvalid) as exc:
         if not failures and _blank(path):  # pyarrow's 'Empty CSV file (or block): cannot infer ...'
             raise DataError(f"{path} holds no rows (it is empty or blank)") from None
         raise (failures[0] if failures else DataError(f"cannot read {path}: {exc}")) from None
     try:
         yield from _read_batches(path, slot, failures, log, numeric, required, header_lines, skipped, hint,
-                                 chunk_bytes if quote is not None else 0, chunk_bytes)
+                                 chunk_bytes if quote is not None else 0, chunk_bytes, encoding or "utf-8")
     finally:
         slot.reader = None  # released here; Arrow's IO threads may finish with it a little later
 
 
 def _read_batches(path: Path, slot: ReaderSlot, failures: list[DataError], log: ErrorLog, numeric: set[str],
                   required: set[str], header_lines: int, skipped: list[int], hint: str | None,
-                  quoted_bytes: int = 0, block_bytes: int = 0) -> Iterator[pa.Table]:
+                  quoted_bytes: int = 0, block_bytes: int = 0, encoding: str = "utf-8") -> Iterator[pa.Table]:
     """The checked chunks of the open streaming reader in `slot` (`csv_chunks`). `quoted_bytes`: the
     block size of a reader of quoted values (0: values are not quoted), the most a quoted value may
-    hold; `block_bytes`: the reader's block size, the most one line may hold."""
+    hold; `block_bytes`: the reader's block size, the most one line may hold; `encoding`: the text's."""
     try:
         # columns of no name (`a,b,,`) are dropped, unused, one or many (`_named_columns`)
         _unique_columns(path, [name for name in slot.reader.schema.names if name])
@@ -335,6 +354,8 @@ def _read_batches(path: Path, slot: ReaderSlot, failures: list[DataError], log: 
             if failures:  # the last rows were malformed (a file whose only row is): fail on them
                 raise failures[0] from None
             return
+        except UnicodeError as exc:  # the reader's transcoding (an encoding other than UTF-8) of a later block
+            raise not_in_encoding(path, encoding, exc, hint) from None
         except pa.ArrowInvalid as exc:
             if not failures and quoted_bytes and isinstance(log.file_line, BlankLines):
                 at = log.file_line.open_quote(seen + len(skipped) + header_lines + 1, quoted_bytes)
@@ -472,6 +493,60 @@ def _included(names: list[str], columns: Collection[str] | None) -> list[str]:
     if len(set(named)) != len(named) or LINE_COLUMN in named or not wanted <= set(named):
         return []
     return [name for name in names if name in wanted]
+
+
+def not_in_encoding(path: Path, encoding: str, exc: UnicodeError, hint: str | None) -> DataError:
+    """The line for a file whose text does not decode as `encoding` (Python's codec raised `exc`
+    in the reader's transcoding: it names neither file nor line, 'charmap' codec can't decode
+    byte 0x81 in position 6542952'): the file, its first line that does not decode
+    (`_undecodable_line`), the byte, and what to change (`hint`: the package's encoding for rows
+    a package scores; else data.options.encoding). No row of it can be skipped: the reader
+    decodes the whole stream, so --on-error skip stops too."""
+    line = _undecodable_line(path, encoding)
+    where = f"{path}:{line}" if line is not None else f"{path}"
+    what = (f"byte {exc.object[exc.start:exc.end][:4]!r}: {exc.reason}" if isinstance(exc, UnicodeDecodeError)
+            else str(exc))
+    if hint is not None and hint.startswith("; the package reads"):
+        fix = hint
+    else:
+        wide = next((w for w in ("utf-16", "utf-32") if encoding.replace("_", "-").startswith(w)), None)
+        fix = ("; set data.options.encoding to the one the file is written in"
+               + (f" ({wide}-le or {wide}-be: {wide.upper()} without a byte-order mark)" if wide else ""))
+    return DataError(f"{where}: the text does not read as {encoding} ({what}){fix}")
+
+
+def _undecodable_line(path: Path, encoding: str, limit: int = 1 << 30) -> int | None:
+    """The 1-based line of `path` (decompressed) on which its text first fails to decode as
+    `encoding`, read in pieces ending at a line-break byte through one incremental decoder (a
+    sequence of several bytes split between pieces decodes whole); None when it all decodes, or
+    past `limit` bytes, or the file cannot be read.
+
+    >>> import tempfile
+    >>> f = Path(tempfile.mkdtemp()) / "x.csv"
+    >>> _ = f.write_bytes(b"a,b\\n1,2\\n\\x81,3\\n")
+    >>> _undecodable_line(f, "cp1252"), _undecodable_line(f, "latin-1")
+    (3, None)
+    """
+    import codecs
+
+    decoder = codecs.getincrementaldecoder(encoding)()
+    lines, read = 1, 0
+    try:
+        with _open_lines(path) as fh:
+            for piece in capped_lines(fh, 1 << 20):
+                read += len(piece)
+                if read > limit:
+                    return None
+                try:
+                    lines += decoder.decode(piece).count("\n")
+                except UnicodeError:
+                    return lines
+            decoder.decode(b"", final=True)
+    except UnicodeError:
+        return lines
+    except (OSError, pa.ArrowInvalid):
+        return None
+    return None
 
 
 def _header_names(path: Path, delimiter: str, encoding: str = "utf-8") -> list[str]:
@@ -1130,7 +1205,33 @@ def movielens_release(path: Path) -> str:
         if all((path / n).is_file() for n in names):
             return release
     wanted = "; ".join(f"{r}: {', '.join(n)}" for r, n in ML_RELEASES.items())
-    raise DataError(f"{path} is not a MovieLens folder: it lacks the files of every release ({wanted})")
+    # the release most of whose files are there: a name of it that is no file (a folder, a pipe, a
+    # broken link) or missing was 'not a MovieLens folder: it lacks the files of every release'
+    release, names = max(ML_RELEASES.items(), key=lambda item: (sum(os.path.lexists(path / n) for n in item[1]),
+                                                                 -len(item[1])))
+    for name in names:
+        if os.path.lexists(path / name) and not (path / name).is_file():
+            raise DataError(f"{path / name} is {_not_a_file(path / name)}, not a file: the MovieLens {release} "
+                            f"release's {name} is a file of its rows ({release}: {', '.join(names)})")
+    missing = [name for name in names if not os.path.lexists(path / name)]
+    lacks = (f"{', '.join(missing)} of the {release} release (the files of every release: {wanted})"
+             if len(missing) < len(names) else f"the files of every release ({wanted})")
+    raise DataError(f"{path} is not a MovieLens folder: it lacks {lacks}")
+
+
+def _not_a_file(path: Path) -> str:
+    """What stands at `path`, which is no regular file (os.lstat's kind, a link followed).
+
+    >>> _not_a_file(Path("/"))
+    'a folder'
+    """
+    import stat
+
+    if path.is_symlink() and not path.exists():
+        return "a broken link"
+    mode = path.stat().st_mode
+    return ("a folder" if stat.S_ISDIR(mode) else "a pipe (FIFO)" if stat.S_ISFIFO(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "a device")
 
 
 def _movielens_tables(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
@@ -1356,6 +1457,11 @@ def encoded_dataset_line(path: Path) -> str | None:
     found = next((m for m in inner if m.is_file()), None)
     if found is None:
         return None
+    if found.parent.parent == path and found.parent.name not in ("train", "test"):  # not a split's part: a folder
+        # holding a dataset among other things was called 'an encoded flowrec dataset' itself
+        return (f"{path} holds the encoded flowrec dataset {found.parent} ({found} exists), whose rows are no raw "
+                f"rows: give a file of raw rows, or a folder of them alone; score {found.parent} with "
+                "`flowrec eval RUN --data DIR`")
     return (f"{path} is an encoded flowrec dataset ({found} exists), not raw rows: encoding it again would read "
             "other ids; give the raw rows it was converted from, or score it with `flowrec eval RUN --data DIR`")
 

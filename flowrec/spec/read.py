@@ -166,6 +166,27 @@ def read_document(path: str | Path) -> Any:
         raise SpecError(exc.issues, str(path)) from None
 
 
+def broken_link(path: Path) -> str | None:
+    """Where `path` is a link whose target does not exist (a link left behind by a moved or deleted
+    file), what it says: "a link to 'T', which does not exist"; None otherwise. Without it a broken
+    link was said not to be there ('no such file', 'input not found'), though `ls` lists it.
+
+    >>> import tempfile
+    >>> link = Path(tempfile.mkdtemp()) / "latest.csv"
+    >>> link.symlink_to("day_9.csv")
+    >>> broken_link(link), broken_link(link.parent)
+    ("a link to 'day_9.csv', which does not exist", None)
+    """
+    import os
+
+    try:
+        if not os.path.islink(path) or os.path.exists(path):
+            return None
+        return f"a link to {os.readlink(path)!r}, which does not exist"
+    except (OSError, ValueError):
+        return None
+
+
 def _read_bytes(path: Path) -> bytes:
     """The file's bytes; a problem is an issue that does not name the file (every caller shows it
     after the file's path: `FILE: no such file`)."""
@@ -179,7 +200,9 @@ def _read_bytes(path: Path) -> bytes:
         with path.open("rb") as f:
             data = f.read(MAX_SPEC_BYTES + 1)
     except FileNotFoundError:
-        raise _fail("no such file") from None
+        link = broken_link(path)
+        raise _fail("no such file" if link is None else f"{link}: point it at the spec, or give the spec's "
+                    "own path") from None
     except OSError as exc:
         raise _fail(f"cannot read the file: {exc.strerror or exc}") from None
     if len(data) > MAX_SPEC_BYTES:

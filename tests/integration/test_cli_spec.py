@@ -152,7 +152,8 @@ def test_a_link_to_a_missing_spec_in_a_folder_is_reported(runner, tmp_path):
     (tmp_path / "moved.yaml").symlink_to(tmp_path / "gone" / "moved.yaml")
     result = _run(runner, "validate", str(tmp_path), "--quiet")
     assert result.exit_code == 2
-    assert result.output.splitlines() == [f"{tmp_path / 'moved.yaml'}: no such file"]
+    assert result.output.splitlines() == [f"{tmp_path / 'moved.yaml'}: a link to '{tmp_path / 'gone' / 'moved.yaml'}', "
+                                          "which does not exist: point it at the spec, or give the spec's own path"]
 
 
 def test_examples_folder_valid_quiet(runner):

@@ -251,3 +251,21 @@ def test_plan_device_budget_option_out_of_range(runner, budget):
     assert result.exit_code == 2
     shown = repr(budget) if len(budget) <= 40 else repr(budget[:40])
     assert result.output.splitlines() == [f"error: --device-budget: byte size {shown} is out of range (0 .. 1 PiB)"]
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+@pytest.mark.parametrize("args", [["schema"], ["plan", "SPEC"], ["--help"]])
+def test_output_to_a_full_disk_is_one_line_not_a_traceback(tmp_path, args):
+    """`flowrec schema > full/schema.json` (plan, --help alike) on a full disk ended in click's
+    traceback 'OSError: [Errno 28] No space left on device'."""
+    import subprocess
+
+    given = [str(REPO / "specs" / "wide_deep.yaml") if a == "SPEC" else a for a in args]
+    with open("/dev/full", "w") as full:
+        done = run_bounded([sys.executable, "-m", "flowrec", *given], timeout_s=120, stdout=full,
+                           stderr=subprocess.PIPE, text=True)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines()[-1:] == [
+        "error: cannot write the command's output to its standard output: No space left on device (redirected to a "
+        "full disk?); what it holds of the output is incomplete"], done.stderr
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr

@@ -628,3 +628,25 @@ def test_predict_of_tab_separated_rows_for_a_comma_package_names_the_separator(c
     done = runner.invoke(app, out("scores.parquet")(case))
     one_line_exit_2(done, "the header looks tab-separated, where the package reads ','-separated text: write the rows with ','")
     assert not (case / "scores.parquet").exists()
+
+
+@pytest.mark.parametrize("free", [4096, 64 << 30])
+def test_an_export_that_fails_on_a_full_disk_says_the_disk_is_full(case: Path, monkeypatch, free: int):
+    """`flowrec export RUN full/pkg` on a full disk said torch's 'cannot export to full/pkg: basic_ios::clear:
+    iostream error', naming neither the disk nor the cause; now the line adds the free space of the
+    disk holding OUT when it is nearly none (and nothing when there is room: another cause)."""
+    import collections
+
+    import flowrec.serving.export as export
+
+    def full_disk(*args, **kwargs):
+        raise RuntimeError("basic_ios::clear: iostream error")
+
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(export, "write_package", full_disk)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(1 << 40, (1 << 40) - free, free))
+    done = runner.invoke(app, ["export", str(case / "run"), str(case / "new_pkg"), "-q"])
+    one_line_exit_2(done, f"cannot export to {case / 'new_pkg'}: basic_ios::clear: iostream error")
+    said = f" (the disk holding {case} has 4.0 KiB free: it is full, most likely; free space there or export elsewhere)"
+    assert done.stderr.strip().endswith(said) == (free == 4096), done.stderr
+    assert not (case / "new_pkg").exists() and not [p for p in case.iterdir() if p.name.startswith(".")]

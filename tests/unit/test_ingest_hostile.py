@@ -1497,3 +1497,94 @@ def test_a_spec_cannot_make_convert_read_only_some_columns_or_rows_without_label
     path.write_text("\n".join(lines) + "\n")
     with pytest.raises(DataError, match=f"x.csv:{gap + 2}: missing label"):
         convert(_spec(options={**internal}), "csv", [path], tmp_path / "unlabelled")
+
+
+@pytest.mark.parametrize("codec", ["rot13", "base64", "hex", "undefined"])
+def test_a_codec_that_is_no_text_encoding_is_one_line_naming_the_option(tmp_path: Path, codec: str) -> None:
+    """`data.options.encoding: rot13` (a codec Python knows, of text to text; base64 and hex of
+    bytes to bytes) passed the lookup and was a LookupError traceback once the file was read."""
+    path = tmp_path / "x.csv"
+    path.write_text("price,user,clicked\n1,a,1\n2,b,0\n", encoding="utf-8")
+    with pytest.raises(DataError, match=rf"^data\.options\.encoding: '{codec}' is not a text encoding"):
+        convert(_spec(), "csv", [path], tmp_path / "out", options={"encoding": codec})
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("policy", ["fail", "skip"])
+@pytest.mark.parametrize("bad_line", [2, 3, 1_500])
+def test_a_file_that_does_not_read_in_its_encoding_names_the_file_and_line(tmp_path: Path, bad_line: int,
+                                                                            policy: str) -> None:
+    """A byte cp1252 leaves undefined (0x81) in a file read as cp1252 was Python's bare 'charmap'
+    codec can't decode byte 0x81 in position 6542952 ...', naming neither file nor line nor option,
+    from the first block of the reader or a later one; a UTF-8 file read as utf-16 (no byte-order
+    mark) was 'UTF-16 stream does not start with BOM', also with the header given as names."""
+    lines = [f"{i},u{i},{i % 2}\n".encode() for i in range(2_000)]
+    lines[bad_line - 2] = f"{bad_line},u\x81{bad_line},1\n".encode("latin-1")  # line 1 is the header
+    path = tmp_path / "rows.csv"
+    path.write_bytes(b"price,user,clicked\n" + b"".join(lines))
+    options = {"encoding": "cp1252", "chunk_bytes": 4_096}  # several blocks: line 1,500 is in a later one
+    with pytest.raises(DataError, match=rf"^{re.escape(str(path))}:{bad_line}: the text does not read as cp1252 "
+                                        r"\(byte b'\\x81'.*; set data\.options\.encoding"):
+        convert(_spec(), "csv", [path], tmp_path / "out", on_error=policy, options=options)
+    for given in ({}, {"header": False, "names": ["price", "user", "clicked"]}):
+        with pytest.raises(DataError, match=rf"^{re.escape(str(path))}:1: the text does not read as utf-16 .*"
+                                            r"set data\.options\.encoding .*utf-16-le or utf-16-be"):
+            convert(_spec(), "csv", [path], tmp_path / "out", on_error=policy, options={"encoding": "utf-16", **given})
+    assert not (tmp_path / "out").exists()
+    path.write_bytes(b"price,user,clicked\n" + b"".join(lines).replace(b"\x81", b"\xe9"))  # e acute in cp1252
+    report = convert(_spec(), "csv", [path], tmp_path / "out", on_error=policy, options=options)
+    assert report.rows == 2_000
+
+
+def test_a_link_whose_target_is_gone_is_named_as_such_not_as_missing(tmp_path: Path) -> None:
+    """A link left by a moved file (`latest.csv -> day_9.csv`, day_9.csv deleted) was 'input not
+    found', 'no such file' or 'dataset directory not found' though `ls` lists it; each command now
+    names the link and what it points at."""
+    from typer.testing import CliRunner
+
+    from flowrec.cli import app
+    from flowrec.testing.specs import mini_spec
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text(mini_spec("links"))
+    for name, target in (("latest.yaml", "v9.yaml"), ("latest.csv", "day_9.csv"), ("latest", "day_9")):
+        (tmp_path / name).symlink_to(tmp_path / target)
+    gone = {name: f"{tmp_path / name}" for name in ("latest.yaml", "latest.csv", "latest")}
+    for args, said in (
+            (["validate", gone["latest.yaml"]], f"{gone['latest.yaml']}: a link to '{tmp_path / 'v9.yaml'}', which does "
+                                                "not exist: point it at the spec"),
+            (["data", "convert", "csv", gone["latest.csv"], str(tmp_path / "out"), "--spec", str(spec)],
+             f"error: input not found: {gone['latest.csv']} is a link to '{tmp_path / 'day_9.csv'}', which does not exist"),
+            (["predict", str(tmp_path / "pkg"), gone["latest.csv"], "--out", str(tmp_path / "s.csv")],
+             f"error: input not found: {gone['latest.csv']} is a link to '{tmp_path / 'day_9.csv'}', which does not exist"),
+            (["data", "inspect", gone["latest"]],
+             f"error: dataset directory not found: {gone['latest']} is a link to '{tmp_path / 'day_9'}', which does not "
+             "exist")):
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 2, result.output
+        assert result.output.startswith(said), result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "latest.csv", "latest.yaml", "s.yaml"]
+
+
+def test_a_folder_holding_a_dataset_among_other_files_is_not_called_a_dataset(tmp_path: Path) -> None:
+    """`data convert csv . OUT` (or parquet) in a folder holding raw rows and, among them, a dataset
+    `ds/` said '. is an encoded flowrec dataset': the folder is no dataset, it holds one; a split's
+    root (train/, test/) and a dataset itself are still said to be one."""
+    from flowrec.data.layout import META_FILE
+    from flowrec.data.sources import encoded_dataset_line
+
+    raw = tmp_path / "raw"
+    (raw / "ds").mkdir(parents=True)
+    (raw / "ds" / META_FILE).write_text("{}")
+    (raw / "rows.csv").write_text("price,user,clicked\n1,a,1\n")
+    line = encoded_dataset_line(raw)
+    assert line is not None and line.startswith(f"{raw} holds the encoded flowrec dataset {raw / 'ds'} "), line
+    for part in ("train", "test"):
+        (tmp_path / "split" / part).mkdir(parents=True)
+        (tmp_path / "split" / part / META_FILE).write_text("{}")
+    for dataset in (tmp_path / "split", tmp_path / "split" / "train", raw / "ds"):
+        line = encoded_dataset_line(dataset)
+        assert line is not None and line.startswith(f"{dataset} is an encoded flowrec dataset ("), line
+    with pytest.raises(DataError, match=f"^{re.escape(str(raw))} holds the encoded flowrec dataset"):
+        convert(_spec(), "csv", [raw], tmp_path / "out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["raw", "split"]

@@ -260,3 +260,26 @@ def test_an_id_of_a_digit_sign_that_is_no_number_is_one_line(tmp_path: Path):
         f.write(b"\xb2::M::25::3::12345\n")
     with pytest.raises(DataError, match=r"users.dat:2: "):
         _read(folder)
+
+
+@pytest.mark.parametrize("kind", ["folder", "pipe", "broken link"])
+def test_a_release_file_that_is_no_file_or_missing_is_named(tmp_path: Path, kind: str):
+    """A 100K folder whose u.data was a folder (a pipe, a broken link) was 'not a MovieLens folder: it
+    lacks the files of every release', naming no file; one missing u.user listed every release's
+    files, not the one it lacked."""
+    import os
+
+    for name in ("u.data", "u.user", "u.item", "u.genre"):
+        (tmp_path / name).write_text("")
+    (tmp_path / "u.data").unlink()
+    {"folder": lambda p: p.mkdir(), "pipe": os.mkfifo, "broken link": lambda p: p.symlink_to(tmp_path / "gone")}[kind](
+        tmp_path / "u.data")
+    with pytest.raises(DataError, match=rf"^{tmp_path / 'u.data'} is a {kind}.*, not a file: "
+                                        r"the MovieLens 100K release's u.data is a file"):
+        movielens_release(tmp_path)
+    (tmp_path / "u.data").rmdir() if kind == "folder" else (tmp_path / "u.data").unlink()
+    (tmp_path / "u.data").write_text("")
+    (tmp_path / "u.user").unlink()
+    with pytest.raises(DataError, match=rf"^{tmp_path} is not a MovieLens folder: it lacks u\.user of the 100K release "
+                                        r"\(the files of every release: 100K: u\.data"):
+        movielens_release(tmp_path)

@@ -97,8 +97,7 @@ def test_nan_is_refused_only_where_numbers_must_be_finite():
 
 def test_overwrite_never_replaces_a_folder_that_holds_a_run_or_dataset(tmp_path: Path):
     (tmp_path / "out" / "runs" / "x").mkdir(parents=True)
-    (tmp_path / "out" / "notes.txt").write_text("mine")
-    check_folder_output(tmp_path / "out", [], overwrite=True, kind="a model package")
+    check_folder_output(tmp_path / "out", [], overwrite=True, kind="a model package")  # empty folders only
     (tmp_path / "out" / "runs" / "x" / "checkpoint.pt").write_bytes(b"")
     with pytest.raises(OutputError, match="holds a training run's folder"):
         check_folder_output(tmp_path / "out", [], overwrite=True, kind="a model package")
@@ -109,6 +108,48 @@ def test_overwrite_never_replaces_a_folder_that_holds_a_run_or_dataset(tmp_path:
     (tmp_path / "mine" / "train" / META_FILE).write_text('{"split": {}}')  # a dataset named train, not a split
     with pytest.raises(OutputError, match="holds a dataset's folder"):
         check_folder_output(tmp_path / "mine", [], overwrite=True, kind="a dataset")
+
+
+@pytest.mark.parametrize("kind", ["a dataset", "a model package"])
+def test_overwrite_never_replaces_a_folder_of_files_flowrec_did_not_write(tmp_path: Path, kind):
+    """`data synth --out notes --overwrite` (and `data convert`, `export`) replaced a folder of the
+    user's own files whole (train --out refused it); only an empty folder or one of `kind` is."""
+    for holding in ("thesis.txt", "a/b/thesis.txt", "a/link"):
+        out = tmp_path / holding.replace("/", "_")
+        (out / holding).parent.mkdir(parents=True)
+        if holding.endswith("link"):
+            (out / holding).symlink_to(tmp_path)
+        else:
+            (out / holding).write_text("mine")
+        with pytest.raises(OutputError, match=f"refusing to replace {out}: it is not {kind}'s folder "
+                                              f"\\(it holds {holding}\\)"):
+            check_folder_output(out, [], overwrite=True, kind=kind)
+        assert os.path.lexists(out / holding)
+
+
+@pytest.mark.parametrize("command", [["data", "synth", "SPEC", "--rows", "8", "--out", "OUT", "--overwrite", "-q"],
+                                     ["data", "convert", "csv", "RAW", "OUT", "--spec", "SPEC", "--overwrite", "-q"]])
+def test_data_commands_keep_a_folder_of_the_users_files_given_with_overwrite(tmp_path: Path, command):
+    from typer.testing import CliRunner
+
+    from flowrec.cli import app
+    from flowrec.testing.specs import mini_spec
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text(mini_spec("own"))
+    (tmp_path / "raw.csv").write_text("d1,user,label\n0.5,a,1\n0.1,b,0\n")
+    out = tmp_path / "notes"
+    out.mkdir()
+    (out / "thesis.txt").write_text("mine")
+    given = {"SPEC": str(spec), "RAW": str(tmp_path / "raw.csv"), "OUT": str(out)}
+    result = CliRunner().invoke(app, [given.get(a, a) for a in command])
+    assert result.exit_code == 2, result.output
+    assert "it is not a dataset's folder (it holds thesis.txt)" in result.output, result.output
+    assert sorted(p.name for p in out.iterdir()) == ["thesis.txt"]
+    (out / "thesis.txt").unlink()  # the empty folder is written
+    again = CliRunner().invoke(app, [given.get(a, a) for a in command])
+    assert again.exit_code == 0, again.output
+    assert (out / META_FILE).is_file()
 
 
 def test_an_existing_output_that_is_not_a_regular_file_is_refused(tmp_path: Path):
@@ -536,6 +577,7 @@ def test_an_output_that_is_a_link_is_written_where_it_leads_and_stays_a_link(tmp
     if kind == "folder":
         target.mkdir()
         (target / "part-0.parquet").write_bytes(old)
+        (target / META_FILE).write_text("{}")  # a dataset: only such a folder --overwrite replaces
         link.symlink_to(target, target_is_directory=True)
         check_folder_output(link, [], True, "a dataset")
         with staged_output(link, overwrite=True) as staged:

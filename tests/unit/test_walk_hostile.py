@@ -319,3 +319,28 @@ def test_loading_a_package_as_a_run_in_python_names_load_model(tmp_path: Path) -
     with pytest.raises(CheckpointError) as caught:
         flowrec.load(pkg)
     assert f"flowrec.load_model({str(pkg)!r})" in str(caught.value), caught.value
+
+
+def test_evaluation_rows_among_the_training_rows_are_told_by_their_part_files(tmp_path: Path) -> None:
+    """The warning of `train --eval-data` naming training data: every part file, some, or none shared
+    (a link to a part file is that file)."""
+    from types import SimpleNamespace
+
+    from flowrec.cli.train_cmds import training_rows_evaluated
+
+    parts = [tmp_path / f"part-{i}.parquet" for i in range(3)]
+    for part in parts:
+        part.write_bytes(b"x")
+    (tmp_path / "linked.parquet").symlink_to(parts[0])
+    (tmp_path / "new.parquet").write_bytes(b"y")
+    train = SimpleNamespace(files=[str(p) for p in parts], path=tmp_path)
+
+    def said(*names: str) -> str | None:
+        return training_rows_evaluated(train, SimpleNamespace(files=[str(tmp_path / n) for n in names], path="E"))
+
+    assert said("part-1.parquet", "part-0.parquet").startswith("the evaluation data E is training data: the run "
+                                                               "trains on every one of its part files,")
+    assert said("new.parquet", "linked.parquet").startswith("the evaluation data E is training data: the run "
+                                                            "trains on 1 of the 2 of its part files,")
+    assert said("new.parquet") is None
+    assert training_rows_evaluated(train, None) is None
