@@ -896,9 +896,11 @@ def _check_arguments(**arguments: Any) -> None:
         if arguments[name] is not None and not isinstance(arguments[name], (str, os.PathLike)):
             refuse(name, "a folder path (str or pathlib.Path) or None")
         _refuse_empty_path(name, arguments[name])
-    for name in ("on_step", "on_eval", "on_checkpoint"):
+    for name, event in (("on_step", "StepEvent"), ("on_eval", "EvalEvent"), ("on_checkpoint", "CheckpointEvent")):
         if arguments[name] is not None and not callable(arguments[name]):
             refuse(name, "a callable or None")
+        if arguments[name] is not None and (problem := _call_problem(arguments[name])) is not None:
+            raise RunError(f"{name} must take one argument, the {event} (def {name}(event): ...); {problem}")
     for name in ("overwrite", "progress"):
         if not isinstance(arguments[name], bool):
             refuse(name, "True or False")
@@ -907,6 +909,30 @@ def _check_arguments(**arguments: Any) -> None:
     _check_device(arguments["device"])
     if arguments["device_budget"] is not None and not isinstance(arguments["device_budget"], str):
         refuse("device_budget", "a byte size such as '4GiB', or None")
+
+
+def _call_problem(callback: Callable[..., Any]) -> str | None:
+    """Why `callback` cannot be called with the one event a run gives it (its signature's binding
+    refused, in Python's words), else None (also where Python cannot tell its signature: a builtin).
+    A callback of no argument was a TypeError at the first step, after the data was read, the model
+    built and the run folder written.
+
+    >>> _call_problem(lambda event: None), _call_problem(print)
+    (None, None)
+    >>> _call_problem(lambda: None)
+    'it takes no argument'
+    """
+    import inspect
+
+    try:
+        signature = inspect.signature(callback)
+    except (TypeError, ValueError):  # no signature Python can read: called as given
+        return None
+    try:
+        signature.bind(None)
+    except TypeError as exc:
+        return "it takes no argument" if not signature.parameters else f"calling it with one event: {exc}"
+    return None
 
 
 def _check_device(device: str) -> None:
@@ -987,27 +1013,56 @@ def _text(value: str | Path | None) -> str | None:
 
 def _hooks(trainer: Any, on_step: Callback | None, on_eval: Callback | None,
            on_checkpoint: Callback | None) -> Hooks:
-    """Trainer hooks calling the user's callbacks with events; True (or np.True_) from one requests a stop."""
+    """Trainer hooks calling the user's callbacks with events; True (or np.True_) from one requests a stop,
+    and so does another value that is true (`return 1`), said once per callback in a UserWarning."""
     import copy
     from dataclasses import replace
 
     import numpy as np
 
-    def stop_if(answer: Any) -> None:
+    warned: set[str] = set()
+
+    def stop_if(name: str, answer: Any) -> None:
         # True, or numpy's True (`return np.mean(losses[-10:]) < 0.3` gives np.True_, which `is True` missed)
-        if answer is True or (isinstance(answer, np.bool_) and bool(answer)):
+        if answer is None or isinstance(answer, (bool, np.bool_)):
+            if answer:
+                trainer.request_stop()
+            return
+        # another value (`return 1`, `return "stop"`, a 0-d tensor) was ignored without a word: the run went on
+        truth = _truth(name, answer, trainer.position.step)
+        if name not in warned:
+            import warnings
+
+            warned.add(name)
+            warnings.warn(f"{name} returned {_shown(answer)} ({type(answer).__name__}), read as {truth}: "
+                          f"{'the run stops after' if truth else 'the run goes on after'} step "
+                          f"{trainer.position.step}; return True to stop it, None or False to go on",
+                          UserWarning, stacklevel=2)
+        if truth:
             trainer.request_stop()
 
     def step(pos: Position, loss: float | None) -> None:
-        stop_if(on_step(StepEvent(pos.step, pos.epoch, pos.samples, loss)))
+        stop_if("on_step", on_step(StepEvent(pos.step, pos.epoch, pos.samples, loss)))
 
     def evaluation(event: EvalEvent) -> None:
         # the callback's own copy of the metrics: one that rounded or popped them changed the run's
         # final metrics and the final record of metrics.jsonl (the trainer's dict, shared)
-        stop_if(on_eval(replace(event, metrics=copy.deepcopy(event.metrics))))
+        stop_if("on_eval", on_eval(replace(event, metrics=copy.deepcopy(event.metrics))))
 
     def checkpoint(at: int, path: Path) -> None:
-        stop_if(on_checkpoint(CheckpointEvent(at, path)))
+        stop_if("on_checkpoint", on_checkpoint(CheckpointEvent(at, path)))
 
     return Hooks(step if on_step else None, evaluation if on_eval else None,
                       checkpoint if on_checkpoint else None)
+
+
+def _truth(name: str, answer: Any, step: int) -> bool:
+    """Whether a callback's answer other than None or a bool asks for a stop: its truth, or a
+    `RunError` where it has none (an array of several values; the run folder is kept as it is)."""
+    from flowrec.runs.errors import RunError
+
+    try:
+        return bool(answer)
+    except Exception:  # numpy's and torch's ambiguous truth, or a __bool__ of the user's that raises
+        raise RunError(f"{name} returned {_shown(answer)} at step {step}, which is neither true nor false: return "
+                       "True to stop the run after this step, None or False to go on", code=1) from None

@@ -6,8 +6,10 @@ per defect; each fails on the code before its fix.
 from __future__ import annotations
 
 import random
+import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import flowrec
@@ -67,3 +69,67 @@ def test_a_path_holding_a_nul_character_is_one_line_naming_the_argument(tmp_path
             flowrec.train(spec, **{argument: given})
     assert "\n" not in str(err.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.yaml"]
+
+
+def _two(event, extra):
+    return None
+
+
+def _keyword_only(*, event):
+    return None
+
+
+class _NoArgument:
+    def __call__(self):
+        return None
+
+
+@pytest.mark.parametrize("name,event", [("on_step", "StepEvent"), ("on_eval", "EvalEvent"),
+                                        ("on_checkpoint", "CheckpointEvent")])
+@pytest.mark.parametrize("callback", [lambda: None, _two, _keyword_only, _NoArgument()])
+def test_a_callback_that_cannot_take_its_event_is_refused_before_anything(tmp_path: Path, name: str, event: str,
+                                                                        callback) -> None:
+    """`on_step=lambda: None` (or a function of two arguments) was a TypeError at the first step,
+    after the data was generated, the model built and the run folder written; it is one RunError
+    naming the callback and the event it is given, before anything is read or written."""
+    spec = _spec(tmp_path)
+    out = tmp_path / "run"
+    with pytest.raises(RunError, match=rf"^{name} must take one argument, the {event} \(def {name}\(event\)") as err:
+        flowrec.train(spec, out=out, rows=200, max_steps=1, **{name: callback})
+    assert "\n" not in str(err.value) and not out.exists()
+
+
+def test_a_callback_answer_other_than_a_bool_is_read_by_its_truth_and_said(tmp_path: Path, monkeypatch) -> None:
+    """`return 1` (or "stop", a 0-d tensor) from on_step was ignored without a word: `answer is True`
+    missed it and the run trained on to its end. A true answer stops the run after that step, a
+    false one goes on, each said once per callback in a UserWarning naming what it returned."""
+    monkeypatch.chdir(tmp_path)
+    spec = _spec(tmp_path)
+    stop_at = random.randint(2, 4)
+    answer = random.choice([1, "stop", [0], np.int64(7)])
+    with pytest.warns(UserWarning, match=r"^on_step returned .*, read as True: the run stops after step") as said:
+        run = flowrec.train(spec, out=None, rows=600, max_steps=8, seed=1,
+                            on_step=lambda e: answer if e.step == stop_at else None)
+    assert run.result.steps == stop_at and run.result.stop_requested
+    assert len([w for w in said if "on_step returned" in str(w.message)]) == 1
+    with pytest.warns(UserWarning, match=r"^on_step returned 0 \(int\), read as False: the run goes on") as said:
+        run = flowrec.train(spec, out=None, rows=600, max_steps=5, seed=1, on_step=lambda e: 0)
+    assert run.result.steps == 5 and not run.result.stop_requested
+    assert len([w for w in said if "on_step returned" in str(w.message)]) == 1  # once, not once per step
+    with warnings.catch_warnings():  # True, np.True_ and None as before: no word
+        warnings.simplefilter("error")
+        assert flowrec.train(spec, out=None, rows=600, max_steps=5, seed=1,
+                             on_step=lambda e: np.True_ if e.step == 2 else None).result.steps == 2
+
+
+def test_a_callback_answer_without_a_truth_is_one_line_and_keeps_the_run(tmp_path: Path, monkeypatch) -> None:
+    """An answer that is neither true nor false (an array of several values) is a RunError naming the
+    callback and the step, and the run folder is kept as it was at that step (its checkpoints)."""
+    monkeypatch.chdir(tmp_path)
+    spec = _spec(tmp_path)
+    at = random.randint(2, 4)
+    with pytest.raises(RunError, match=rf"^on_step returned array\(.*\) at step {at}, which is neither true nor false"):
+        flowrec.train(spec, out="run", rows=600, max_steps=8, checkpoint_every=1,
+                      on_step=lambda e: np.array([True, False]) if e.step == at else None)
+    assert (tmp_path / "run" / "checkpoint.pt").is_file()
+    assert flowrec.load("run").trained.step in (at - 1, at)  # the background write of step `at` may be the last
