@@ -309,7 +309,7 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
         plan, dev = plan_for_run(model_spec, settings["device"], settings["device_budget"], None,
                                  data=settings["data"], epochs=settings.get("epochs"),
                                  max_steps=settings.get("max_steps"), progress=reading_bar(progress))
-        session = guard.session = start_session(model_spec, spec_path, settings, folder, plan, dev)
+        session = guard.session = start_session(model_spec, spec_path, settings, folder, plan, dev, python=True)
         _warn_label_warnings(session)
         # the returned Run scores only data of this encoder, as a loaded one (it scored any, silently)
         encoder = record_encoder(session, folder, False, None, _warn_line)  # eval_data= of ids written otherwise
@@ -636,7 +636,8 @@ def _train_resumed(spec: str | Path | ModelSpec, spec_path: Path, model_spec: Mo
         else:
             plan, dev = run.plan, resumed_device(given["device"], run.spec, settings, folder, python=True)
         with restoring_tables() if state is not None else nullcontext():  # every table from the checkpoint
-            session = guard.session = start_session(run.spec, spec_path, settings, folder, plan, dev, resumed=True)
+            session = guard.session = start_session(run.spec, spec_path, settings, folder, plan, dev, resumed=True,
+                                                        python=True)
         _warn_label_warnings(session)
         rows = sum(session.train.partition_rows())
         if state is not None and settings.get("train_rows") not in (None, rows):

@@ -133,3 +133,21 @@ def test_a_callback_answer_without_a_truth_is_one_line_and_keeps_the_run(tmp_pat
                       on_step=lambda e: np.array([True, False]) if e.step == at else None)
     assert (tmp_path / "run" / "checkpoint.pt").is_file()
     assert flowrec.load("run").trained.step in (at - 1, at)  # the background write of step `at` may be the last
+
+
+def test_the_refusals_of_a_run_name_the_calls_keywords_not_the_command_lines_flags(tmp_path: Path,
+                                                                                  monkeypatch) -> None:
+    """`flowrec.train(spec, rows=10**15)` said '--rows 1,000,000,000,000,000 synthetic rows ...: give
+    fewer --rows (rows=)' and early stopping without evaluations 'give --eval-every N (eval_every=)':
+    the command line's flags in a Python call. They name the keywords now, as the same call on
+    ranks says them; the command line keeps its flags."""
+    monkeypatch.chdir(tmp_path)
+    spec = _spec(tmp_path, early_stopping=True)
+    rows = random.randint(10**14, 10**15)
+    with pytest.raises(RunError, match=rf"^rows={rows} synthetic rows take about .*: give fewer rows=, or a") as err:
+        flowrec.train(spec, out=None, rows=rows)
+    outside = str(err.value).split("`")[::2]  # the command in backticks is typed in a shell: its flags stay
+    assert not any("--" in part for part in outside), err.value
+    with pytest.raises(RunError, match=r"needs evaluations during training: .* give eval_every=N$") as err:
+        flowrec.train(spec, out=None, rows=300, eval_every=0)
+    assert "--" not in str(err.value)
