@@ -285,6 +285,7 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
     model_spec = _with_custom_widths(loaded, str(spec_path) if not isinstance(spec, ModelSpec)
                                      else f"ModelSpec {spec.name!r}")
     folder = Path(out).expanduser() if out is not None else None  # '~/runs/x' made a folder named ~ here
+    _warn_session_classes(model_spec, folder or continued)
     given = {"data": _text(data), "eval_data": _text(eval_data), "rows": _whole(rows), "seed": _whole(seed),
              "device": device, "device_budget": device_budget, "epochs": _whole(epochs),
              "max_steps": _whole(max_steps), "eval_every": _whole(eval_every),
@@ -759,6 +760,25 @@ def _warn_small_catalogue(model: Any) -> None:
         line = small_catalogue(model.retrieval, model.head_names[model.retrieval.head])
         if line is not None:
             warnings.warn(line, UserWarning, stacklevel=3)
+
+
+def _warn_session_classes(spec: ModelSpec, folder: Path | None) -> None:
+    """A UserWarning per custom module whose class is one of this Python session (`__main__:Gate`,
+    defined in the notebook or script), where the run is kept in `folder`: the run trained, but no
+    other session could load, resume or export it (`cannot import '__main__:Gate'`) unless it
+    defined the class again, which nothing said until a restarted kernel met it."""
+    import warnings
+
+    if folder is None:
+        return
+    for module in spec.modules:
+        path = module.param("class") if module.kind == "custom" else None
+        if isinstance(path, str) and path.startswith("__main__:"):
+            name = path.removeprefix("__main__:")
+            warnings.warn(f"custom module {module.name!r} is {path}, a class of this Python session: the run in {folder} "
+                          "is loaded, resumed and exported only where __main__ defines it again (a restarted kernel "
+                          f"does not); put the class in a file and give its path ('blocks.py:{name}')",
+                          UserWarning, stacklevel=3)
 
 
 def _warn_label_warnings(session: Any) -> None:

@@ -151,3 +151,45 @@ def test_the_refusals_of_a_run_name_the_calls_keywords_not_the_command_lines_fla
     with pytest.raises(RunError, match=r"needs evaluations during training: .* give eval_every=N$") as err:
         flowrec.train(spec, out=None, rows=300, eval_every=0)
     assert "--" not in str(err.value)
+
+
+def test_a_custom_class_of_the_session_is_said_where_the_run_is_kept(tmp_path: Path, monkeypatch) -> None:
+    """A custom module of a class defined in the notebook (`class: "__main__:Gate"`) trained and
+    wrote its run without a word; a restarted kernel's `flowrec.load(RUN)` then met "cannot import
+    '__main__:Gate'". The call says so where it keeps a run (not with out=None), naming the module,
+    the class and the way out (a file's class path)."""
+    import sys
+
+    from torch import nn
+
+    class Gate(nn.Module):
+        def __init__(self, n: int) -> None:
+            super().__init__()
+            self.lin = nn.Linear(n, n)
+
+        def forward(self, x):
+            return self.lin(x) * x
+
+    name = f"HostileGate{random.randint(0, 999)}"
+    monkeypatch.setattr(sys.modules["__main__"], name, Gate, raising=False)
+    monkeypatch.chdir(tmp_path)
+    width = random.choice([4, 8])
+    spec = tmp_path / "t.yaml"
+    spec.write_text(f"""
+name: session_class
+features:
+  - {{name: price, type: dense}}
+  - {{name: user_id, type: categorical, hash_buckets: 40, dim: 4}}
+modules:
+  - {{name: deep, kind: mlp, inputs: ["@dense", user_id], layers: [{width}]}}
+  - {{name: gate, kind: custom, class: "__main__:{name}", inputs: [deep], params: {{n: {width}}}}}
+heads:
+  - {{name: click, input: gate}}
+training: {{batch_size: 32, epochs: 1}}
+""")
+    with pytest.warns(UserWarning, match=rf"^custom module 'gate' is __main__:{name}, a class of this Python "
+                                         rf"session: the run in run is loaded.*give its path \('blocks.py:{name}'\)"):
+        flowrec.train(spec, out="run", rows=200, max_steps=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing kept, nothing to say
+        flowrec.train(spec, out=None, rows=200, max_steps=1)
