@@ -620,7 +620,7 @@ def _train_resumed(spec: str | Path | ModelSpec, spec_path: Path, model_spec: Mo
         if (told := _finished_read_only(folder, given, model_spec, label)) is not None:
             return _finished(folder, told, given["device"])
         raise
-    with _RunGuard(lock, found) as guard:
+    with _RunGuard(lock, found, f"; the run is as it was: {_resume_command(spec, folder)} continues it") as guard:
         run = read_resumption(folder, given, model_spec, label)
         settings, state = run.settings, run.state
         if run.finished is not None:  # told from its checkpoint: nothing read, built or written
@@ -676,10 +676,13 @@ class _RunGuard:
     None without a run folder, released as `found`); a custom module's own error reaches the caller
     as its own type with `flowrec train`'s line as a note (`trainer`, once there is one); the data
     sources of `session` closed (reader threads, Dask cluster, row cache; check record saved) and the
-    kept sample forgotten, whatever happened."""
+    kept sample forgotten, whatever happened. An interrupt before the trainer is made (planning,
+    reading or generating the data, building the model) is a KeyboardInterrupt saying so, as
+    `flowrec train` says it (`kept`: what a resumed run's line adds); it was a bare one, with no
+    word of what was kept."""
 
-    def __init__(self, lock: Any, found: Any) -> None:
-        self.lock, self.found = lock, found
+    def __init__(self, lock: Any, found: Any, kept: str = "") -> None:
+        self.lock, self.found, self.kept = lock, found, kept
         self.trainer: Any = None
         self.session: Any = None
 
@@ -694,6 +697,7 @@ class _RunGuard:
         from flowrec.runtime.nonfinite import TrainingStopped
         from flowrec.runtime.run_log import MetricsError
         from flowrec.runtime.rundir import RunFolderError
+        from flowrec.runtime.signals import Terminated, interrupt_name
 
         exit_two = (DataError, RunFolderError, CheckpointError, MetricsError, TrainingStopped)  # `flowrec train`'s
         refused = isinstance(exc, exit_two) or (isinstance(exc, RunError) and exc.code == EXIT_USAGE)
@@ -708,6 +712,9 @@ class _RunGuard:
                 self.lock.release_as_found(self.found, refused)
         if isinstance(exc, RunError):
             raise _typed(exc) from None
+        if isinstance(exc, KeyboardInterrupt) and self.trainer is None and (not exc.args or isinstance(exc, Terminated)):
+            raise KeyboardInterrupt(f"interrupted ({interrupt_name(exc)}) before training started; nothing was "
+                                    f"trained{self.kept}") from None
 
 
 def _finished_read_only(folder: Path, given: dict[str, Any], spec: ModelSpec, label: str) -> str | None:

@@ -193,3 +193,33 @@ training: {{batch_size: 32, epochs: 1}}
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # nothing kept, nothing to say
         flowrec.train(spec, out=None, rows=200, max_steps=1)
+
+
+@pytest.mark.parametrize("stop", ["Ctrl-C", "SIGTERM"])
+def test_an_interrupt_before_training_says_what_was_kept(tmp_path: Path, monkeypatch, stop: str) -> None:
+    """Ctrl-C while a run planned, generated its rows or built its model was a bare KeyboardInterrupt
+    (no message: nothing said whether anything was trained or kept), where `flowrec train` says
+    'interrupted (Ctrl-C) before training started; nothing was trained' and a stop in training names
+    the step and the call that continues it. It says the command line's line now; a resumed run's
+    adds that the run is as it was and the call that continues it."""
+    from flowrec.runtime.signals import Terminated
+
+    monkeypatch.chdir(tmp_path)
+    spec = _spec(tmp_path)
+    flowrec.train(spec, out="run", rows=300, max_steps=2, epochs=1)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt() if stop == "Ctrl-C" else Terminated("SIGTERM")
+
+    monkeypatch.setattr("flowrec.runs.plan.plan_for_run", interrupted)
+    with pytest.raises(KeyboardInterrupt) as err:
+        flowrec.train(spec, out="new", rows=300, max_steps=2)
+    assert str(err.value) == f"interrupted ({stop}) before training started; nothing was trained"
+    assert not (tmp_path / "new").exists()
+    monkeypatch.setattr("flowrec.runs.resume.read_resumption", interrupted)
+    before = sorted(p.name for p in (tmp_path / "run").iterdir())
+    with pytest.raises(KeyboardInterrupt) as err:
+        flowrec.train(spec, resume="run", max_steps=4)
+    assert str(err.value) == (f"interrupted ({stop}) before training started; nothing was trained; the run is as it "
+                              f"was: `flowrec.train('{spec}', resume='run')` continues it")
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == before
