@@ -223,3 +223,19 @@ def test_an_interrupt_before_training_says_what_was_kept(tmp_path: Path, monkeyp
     assert str(err.value) == (f"interrupted ({stop}) before training started; nothing was trained; the run is as it "
                               f"was: `flowrec.train('{spec}', resume='run')` continues it")
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == before
+
+
+def test_load_model_of_no_path_is_one_line_naming_the_argument(tmp_path: Path) -> None:
+    """`flowrec.load_model(None)` (a variable never set), bytes or a frame of rows met pathlib's
+    TypeError ('expected str, bytes or os.PathLike object, not NoneType') seven frames deep, naming
+    no argument, and a NUL in the path os.stat's bare ValueError ('embedded null byte')."""
+    import pandas as pd
+
+    for given, shown in ((None, "NoneType"), (b"pkg", "bytes"), (pd.DataFrame({"price": [1.0]}), "DataFrame")):
+        with pytest.raises(TypeError, match=rf"^path must be a model package's folder \(str or pathlib.Path\), "
+                                            rf"not {shown}") as err:
+            flowrec.load_model(given)
+        assert "\n" not in str(err.value)
+    bad = tmp_path / f"pkg{random.randint(0, 9)}\0"
+    with pytest.raises(ValueError, match=r"^path .* holds a NUL character"):
+        flowrec.load_model(bad if random.random() < 0.5 else str(bad))
