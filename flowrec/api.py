@@ -552,6 +552,25 @@ def _warn_other_synthetic_rows(rows: int, folder: Path, settings: dict[str, Any]
                       "rows= out to keep them)", UserWarning, stacklevel=stacklevel)
 
 
+def _warn_other_data(data: str | None, rows: int, folder: Path, recorded: dict[str, Any] | None,
+                     state: dict[str, Any]) -> None:
+    """A UserWarning where `data=` given to a resume names other data than the run's, of another number
+    of rows than it started on (its run.json's `train_rows`): the run goes on from its checkpoint's
+    place, a place in the old rows, in these. `flowrec train --resume RUN --data DIR` notes that the
+    flag overrides the run's data; Python said nothing (data moved to a new folder, the same rows,
+    is not said)."""
+    import warnings
+
+    started = (recorded or {}).get("train_rows")
+    if data is None or not isinstance(started, int) or isinstance(started, bool) or started == rows:
+        return
+    at = state.get("position") or {}
+    warnings.warn(f"data={data!r} overrides the run's data={(recorded or {}).get('data')!r}: it holds {rows:,} "
+                  f"training rows, the run started on {started:,}, and goes on from its checkpoint's place (epoch "
+                  f"{at.get('epoch')} batch {at.get('batch')}) in them (leave data= out, or give the run's data, to "
+                  "continue it as it was)", UserWarning, stacklevel=4)
+
+
 def _resumed_folder(resume: str | Path | None, out: str | Path | None, overwrite: bool) -> Path | None:
     """The run folder `resume=` names ('~' expanded), None without it; with `overwrite=True`, or
     `out=` naming another folder, a `RunError` in the words `flowrec train --resume` refuses its flags in."""
@@ -644,6 +663,8 @@ def _train_resumed(spec: str | Path | ModelSpec, spec_path: Path, model_spec: Mo
         if state is not None and settings.get("train_rows") not in (None, rows):
             session.model.close()
             raise RunError(changed_data_line(settings, rows, folder, state, python=True))
+        if state is not None and settings.get("train_rows") is None:  # data= other than the run's: not checked
+            _warn_other_data(given["data"], rows, folder, run.recorded, state)
         settings["train_rows"] = rows
         encoder = record_encoder(session, folder, True, None, _warn_line)
         trainer = guard.trainer = Trainer(session.spec, session.plan, session.model,

@@ -239,3 +239,33 @@ def test_load_model_of_no_path_is_one_line_naming_the_argument(tmp_path: Path) -
     bad = tmp_path / f"pkg{random.randint(0, 9)}\0"
     with pytest.raises(ValueError, match=r"^path .* holds a NUL character"):
         flowrec.load_model(bad if random.random() < 0.5 else str(bad))
+
+
+def test_a_resume_on_other_data_of_other_rows_is_said(tmp_path: Path, monkeypatch) -> None:
+    """`flowrec.train(spec, resume=RUN, data=OTHER)` of a run on a dataset went on, without a word, from
+    its checkpoint's epoch and batch, a place in the rows it started on, in other data of another
+    number of rows (the row check skips a data= given on purpose; `flowrec train --resume RUN --data
+    OTHER` notes that it overrides the run's data). A UserWarning says so now, naming both datasets
+    and both counts; the same rows in a new folder (data moved) are not said."""
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from flowrec.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    _spec(tmp_path)
+    first, other = random.randint(200, 300), random.randint(320, 500)
+    for folder, rows in (("d", first), ("e", other)):
+        made = CliRunner().invoke(app, ["data", "synth", "t.yaml", "--rows", str(rows), "--out", folder, "--seed",
+                                        str(random.randint(0, 99)), "-q"])
+        assert made.exit_code == 0, made.output
+    flowrec.train("t.yaml", data="d", out="a", max_steps=2)
+    shutil.copytree("a", "b")
+    with pytest.warns(UserWarning, match=rf"^data='e' overrides the run's data='{tmp_path / 'd'}': it holds {other:,} "
+                                         rf"training rows, the run started on {first:,}, and goes on from"):
+        flowrec.train("t.yaml", resume="a", data="e", max_steps=3)
+    shutil.copytree("d", "moved")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the run's own rows in their new place: nothing to say
+        assert flowrec.train("t.yaml", resume="b", data="moved", max_steps=3).result.steps == 3
