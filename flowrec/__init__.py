@@ -38,10 +38,24 @@ def __dir__() -> list[str]:
 def load_model(path):
     """Load a model package written by `flowrec export` for scoring raw rows.
 
+    Raises:
+        TypeError: `path` is not a path (str or os.PathLike): None, bytes, a frame of rows; it was
+            pathlib's TypeError ('expected str, bytes or os.PathLike object'), naming no argument.
+        ValueError: `path` holds a NUL character (it was os.stat's bare 'embedded null byte'), or
+            is not a package, or a part of it is missing, damaged or refused (one line).
+
     Example:
         >>> model = flowrec.load_model("pkg/ml")  # doctest: +SKIP
         >>> model.predict(raw_table)  # one score column per head  # doctest: +SKIP
     """
+    import os
+
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a model package's folder (str or pathlib.Path), not {type(path).__name__}"
+                        + (": a package is read from its folder, `flowrec export RUN PKG` writes one; "
+                           "model.predict(rows) then scores rows in memory" if hasattr(path, "columns") else ""))
+    if "\0" in os.fsdecode(path):
+        raise ValueError(f"path {os.fsdecode(path)[:80]!r} holds a NUL character ('\\0'), which no file name can hold")
     from flowrec.serving.predict import load_model as load
 
     return load(path)

@@ -285,6 +285,7 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
     model_spec = _with_custom_widths(loaded, str(spec_path) if not isinstance(spec, ModelSpec)
                                      else f"ModelSpec {spec.name!r}")
     folder = Path(out).expanduser() if out is not None else None  # '~/runs/x' made a folder named ~ here
+    _warn_session_classes(model_spec, folder or continued)
     given = {"data": _text(data), "eval_data": _text(eval_data), "rows": _whole(rows), "seed": _whole(seed),
              "device": device, "device_budget": device_budget, "epochs": _whole(epochs),
              "max_steps": _whole(max_steps), "eval_every": _whole(eval_every),
@@ -309,7 +310,7 @@ def train(spec: str | Path | ModelSpec, *, data: str | Path | None = None, eval_
         plan, dev = plan_for_run(model_spec, settings["device"], settings["device_budget"], None,
                                  data=settings["data"], epochs=settings.get("epochs"),
                                  max_steps=settings.get("max_steps"), progress=reading_bar(progress))
-        session = guard.session = start_session(model_spec, spec_path, settings, folder, plan, dev)
+        session = guard.session = start_session(model_spec, spec_path, settings, folder, plan, dev, python=True)
         _warn_label_warnings(session)
         # the returned Run scores only data of this encoder, as a loaded one (it scored any, silently)
         encoder = record_encoder(session, folder, False, None, _warn_line)  # eval_data= of ids written otherwise
@@ -551,6 +552,25 @@ def _warn_other_synthetic_rows(rows: int, folder: Path, settings: dict[str, Any]
                       "rows= out to keep them)", UserWarning, stacklevel=stacklevel)
 
 
+def _warn_other_data(data: str | None, rows: int, folder: Path, recorded: dict[str, Any] | None,
+                     state: dict[str, Any]) -> None:
+    """A UserWarning where `data=` given to a resume names other data than the run's, of another number
+    of rows than it started on (its run.json's `train_rows`): the run goes on from its checkpoint's
+    place, a place in the old rows, in these. `flowrec train --resume RUN --data DIR` notes that the
+    flag overrides the run's data; Python said nothing (data moved to a new folder, the same rows,
+    is not said)."""
+    import warnings
+
+    started = (recorded or {}).get("train_rows")
+    if data is None or not isinstance(started, int) or isinstance(started, bool) or started == rows:
+        return
+    at = state.get("position") or {}
+    warnings.warn(f"data={data!r} overrides the run's data={(recorded or {}).get('data')!r}: it holds {rows:,} "
+                  f"training rows, the run started on {started:,}, and goes on from its checkpoint's place (epoch "
+                  f"{at.get('epoch')} batch {at.get('batch')}) in them (leave data= out, or give the run's data, to "
+                  "continue it as it was)", UserWarning, stacklevel=4)
+
+
 def _resumed_folder(resume: str | Path | None, out: str | Path | None, overwrite: bool) -> Path | None:
     """The run folder `resume=` names ('~' expanded), None without it; with `overwrite=True`, or
     `out=` naming another folder, a `RunError` in the words `flowrec train --resume` refuses its flags in."""
@@ -619,7 +639,7 @@ def _train_resumed(spec: str | Path | ModelSpec, spec_path: Path, model_spec: Mo
         if (told := _finished_read_only(folder, given, model_spec, label)) is not None:
             return _finished(folder, told, given["device"])
         raise
-    with _RunGuard(lock, found) as guard:
+    with _RunGuard(lock, found, f"; the run is as it was: {_resume_command(spec, folder)} continues it") as guard:
         run = read_resumption(folder, given, model_spec, label)
         settings, state = run.settings, run.state
         if run.finished is not None:  # told from its checkpoint: nothing read, built or written
@@ -636,12 +656,15 @@ def _train_resumed(spec: str | Path | ModelSpec, spec_path: Path, model_spec: Mo
         else:
             plan, dev = run.plan, resumed_device(given["device"], run.spec, settings, folder, python=True)
         with restoring_tables() if state is not None else nullcontext():  # every table from the checkpoint
-            session = guard.session = start_session(run.spec, spec_path, settings, folder, plan, dev, resumed=True)
+            session = guard.session = start_session(run.spec, spec_path, settings, folder, plan, dev, resumed=True,
+                                                        python=True)
         _warn_label_warnings(session)
         rows = sum(session.train.partition_rows())
         if state is not None and settings.get("train_rows") not in (None, rows):
             session.model.close()
             raise RunError(changed_data_line(settings, rows, folder, state, python=True))
+        if state is not None and settings.get("train_rows") is None:  # data= other than the run's: not checked
+            _warn_other_data(given["data"], rows, folder, run.recorded, state)
         settings["train_rows"] = rows
         encoder = record_encoder(session, folder, True, None, _warn_line)
         trainer = guard.trainer = Trainer(session.spec, session.plan, session.model,
@@ -674,10 +697,13 @@ class _RunGuard:
     None without a run folder, released as `found`); a custom module's own error reaches the caller
     as its own type with `flowrec train`'s line as a note (`trainer`, once there is one); the data
     sources of `session` closed (reader threads, Dask cluster, row cache; check record saved) and the
-    kept sample forgotten, whatever happened."""
+    kept sample forgotten, whatever happened. An interrupt before the trainer is made (planning,
+    reading or generating the data, building the model) is a KeyboardInterrupt saying so, as
+    `flowrec train` says it (`kept`: what a resumed run's line adds); it was a bare one, with no
+    word of what was kept."""
 
-    def __init__(self, lock: Any, found: Any) -> None:
-        self.lock, self.found = lock, found
+    def __init__(self, lock: Any, found: Any, kept: str = "") -> None:
+        self.lock, self.found, self.kept = lock, found, kept
         self.trainer: Any = None
         self.session: Any = None
 
@@ -692,6 +718,7 @@ class _RunGuard:
         from flowrec.runtime.nonfinite import TrainingStopped
         from flowrec.runtime.run_log import MetricsError
         from flowrec.runtime.rundir import RunFolderError
+        from flowrec.runtime.signals import Terminated, interrupt_name
 
         exit_two = (DataError, RunFolderError, CheckpointError, MetricsError, TrainingStopped)  # `flowrec train`'s
         refused = isinstance(exc, exit_two) or (isinstance(exc, RunError) and exc.code == EXIT_USAGE)
@@ -706,6 +733,9 @@ class _RunGuard:
                 self.lock.release_as_found(self.found, refused)
         if isinstance(exc, RunError):
             raise _typed(exc) from None
+        if isinstance(exc, KeyboardInterrupt) and self.trainer is None and (not exc.args or isinstance(exc, Terminated)):
+            raise KeyboardInterrupt(f"interrupted ({interrupt_name(exc)}) before training started; nothing was "
+                                    f"trained{self.kept}") from None
 
 
 def _finished_read_only(folder: Path, given: dict[str, Any], spec: ModelSpec, label: str) -> str | None:
@@ -758,6 +788,25 @@ def _warn_small_catalogue(model: Any) -> None:
         line = small_catalogue(model.retrieval, model.head_names[model.retrieval.head])
         if line is not None:
             warnings.warn(line, UserWarning, stacklevel=3)
+
+
+def _warn_session_classes(spec: ModelSpec, folder: Path | None) -> None:
+    """A UserWarning per custom module whose class is one of this Python session (`__main__:Gate`,
+    defined in the notebook or script), where the run is kept in `folder`: the run trained, but no
+    other session could load, resume or export it (`cannot import '__main__:Gate'`) unless it
+    defined the class again, which nothing said until a restarted kernel met it."""
+    import warnings
+
+    if folder is None:
+        return
+    for module in spec.modules:
+        path = module.param("class") if module.kind == "custom" else None
+        if isinstance(path, str) and path.startswith("__main__:"):
+            name = path.removeprefix("__main__:")
+            warnings.warn(f"custom module {module.name!r} is {path}, a class of this Python session: the run in {folder} "
+                          "is loaded, resumed and exported only where __main__ defines it again (a restarted kernel "
+                          f"does not); put the class in a file and give its path ('blocks.py:{name}')",
+                          UserWarning, stacklevel=3)
 
 
 def _warn_label_warnings(session: Any) -> None:
@@ -847,6 +896,10 @@ def _refuse_empty_path(name: str, value: Any) -> None:
 
     if isinstance(value, str) and value == "":
         raise RunError(f"{name} is an empty path: give a file or folder name ('.' for the working folder)")
+    if isinstance(value, (str, os.PathLike)) and "\0" in os.fsdecode(value):  # os.stat's bare ValueError
+        # ('embedded null byte') deep in the loader; a shell's argument cannot hold one, Python text can
+        raise RunError(f"{name}: the path {_shown(os.fsdecode(value))} holds a NUL character ('\\0'), which no "
+                       "file name can hold")
     if isinstance(value, (str, os.PathLike)) and (problem := unusable_path(Path(value).expanduser())):
         raise RunError(f"{name}: {problem}")
 
@@ -892,9 +945,11 @@ def _check_arguments(**arguments: Any) -> None:
         if arguments[name] is not None and not isinstance(arguments[name], (str, os.PathLike)):
             refuse(name, "a folder path (str or pathlib.Path) or None")
         _refuse_empty_path(name, arguments[name])
-    for name in ("on_step", "on_eval", "on_checkpoint"):
+    for name, event in (("on_step", "StepEvent"), ("on_eval", "EvalEvent"), ("on_checkpoint", "CheckpointEvent")):
         if arguments[name] is not None and not callable(arguments[name]):
             refuse(name, "a callable or None")
+        if arguments[name] is not None and (problem := _call_problem(arguments[name])) is not None:
+            raise RunError(f"{name} must take one argument, the {event} (def {name}(event): ...); {problem}")
     for name in ("overwrite", "progress"):
         if not isinstance(arguments[name], bool):
             refuse(name, "True or False")
@@ -905,10 +960,34 @@ def _check_arguments(**arguments: Any) -> None:
         refuse("device_budget", "a byte size such as '4GiB', or None")
 
 
+def _call_problem(callback: Callable[..., Any]) -> str | None:
+    """Why `callback` cannot be called with the one event a run gives it (its signature's binding
+    refused, in Python's words), else None (also where Python cannot tell its signature: a builtin).
+    A callback of no argument was a TypeError at the first step, after the data was read, the model
+    built and the run folder written.
+
+    >>> _call_problem(lambda event: None), _call_problem(print)
+    (None, None)
+    >>> _call_problem(lambda: None)
+    'it takes no argument'
+    """
+    import inspect
+
+    try:
+        signature = inspect.signature(callback)
+    except (TypeError, ValueError):  # no signature Python can read: called as given
+        return None
+    try:
+        signature.bind(None)
+    except TypeError as exc:
+        return "it takes no argument" if not signature.parameters else f"calling it with one event: {exc}"
+    return None
+
+
 def _check_device(device: str) -> None:
-    """A `RunError` naming the argument for a device torch does not read (`device="tpu"`) or a
-    CUDA device on a machine without CUDA (they were torch's RuntimeError, and the session's
-    naming the CLI's `--device`)."""
+    """A `RunError` naming the argument for a device torch does not read (`device="tpu"`), one torch
+    reads but flowrec does not run on (`device="meta"`, "mps"), or a CUDA device on a machine
+    without CUDA (they were torch's RuntimeError, and the session's naming the CLI's `--device`)."""
     import torch
 
     from flowrec.runs.errors import RunError
@@ -917,6 +996,10 @@ def _check_device(device: str) -> None:
     problem = device_problem(device)
     if problem is not None:
         raise RunError(f"device {problem}")
+    if device != "auto" and torch.device(device).type not in ("cpu", "cuda"):  # 'meta' loaded a run without its
+        # weights (torch's warnings only) and trained into a traceback, as 'mps' or 'xpu' did on this build
+        raise RunError(f"device must be auto, cpu or cuda[:N], not {device[:40]!r}: flowrec trains and scores on "
+                       "the CPU or a CUDA GPU")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise RunError(f"device {device!r} was asked for, but CUDA is not available on this machine: "
                        "give device=\"cpu\" (or \"auto\")")
@@ -979,27 +1062,56 @@ def _text(value: str | Path | None) -> str | None:
 
 def _hooks(trainer: Any, on_step: Callback | None, on_eval: Callback | None,
            on_checkpoint: Callback | None) -> Hooks:
-    """Trainer hooks calling the user's callbacks with events; True (or np.True_) from one requests a stop."""
+    """Trainer hooks calling the user's callbacks with events; True (or np.True_) from one requests a stop,
+    and so does another value that is true (`return 1`), said once per callback in a UserWarning."""
     import copy
     from dataclasses import replace
 
     import numpy as np
 
-    def stop_if(answer: Any) -> None:
+    warned: set[str] = set()
+
+    def stop_if(name: str, answer: Any) -> None:
         # True, or numpy's True (`return np.mean(losses[-10:]) < 0.3` gives np.True_, which `is True` missed)
-        if answer is True or (isinstance(answer, np.bool_) and bool(answer)):
+        if answer is None or isinstance(answer, (bool, np.bool_)):
+            if answer:
+                trainer.request_stop()
+            return
+        # another value (`return 1`, `return "stop"`, a 0-d tensor) was ignored without a word: the run went on
+        truth = _truth(name, answer, trainer.position.step)
+        if name not in warned:
+            import warnings
+
+            warned.add(name)
+            warnings.warn(f"{name} returned {_shown(answer)} ({type(answer).__name__}), read as {truth}: "
+                          f"{'the run stops after' if truth else 'the run goes on after'} step "
+                          f"{trainer.position.step}; return True to stop it, None or False to go on",
+                          UserWarning, stacklevel=2)
+        if truth:
             trainer.request_stop()
 
     def step(pos: Position, loss: float | None) -> None:
-        stop_if(on_step(StepEvent(pos.step, pos.epoch, pos.samples, loss)))
+        stop_if("on_step", on_step(StepEvent(pos.step, pos.epoch, pos.samples, loss)))
 
     def evaluation(event: EvalEvent) -> None:
         # the callback's own copy of the metrics: one that rounded or popped them changed the run's
         # final metrics and the final record of metrics.jsonl (the trainer's dict, shared)
-        stop_if(on_eval(replace(event, metrics=copy.deepcopy(event.metrics))))
+        stop_if("on_eval", on_eval(replace(event, metrics=copy.deepcopy(event.metrics))))
 
     def checkpoint(at: int, path: Path) -> None:
-        stop_if(on_checkpoint(CheckpointEvent(at, path)))
+        stop_if("on_checkpoint", on_checkpoint(CheckpointEvent(at, path)))
 
     return Hooks(step if on_step else None, evaluation if on_eval else None,
                       checkpoint if on_checkpoint else None)
+
+
+def _truth(name: str, answer: Any, step: int) -> bool:
+    """Whether a callback's answer other than None or a bool asks for a stop: its truth, or a
+    `RunError` where it has none (an array of several values; the run folder is kept as it is)."""
+    from flowrec.runs.errors import RunError
+
+    try:
+        return bool(answer)
+    except Exception:  # numpy's and torch's ambiguous truth, or a __bool__ of the user's that raises
+        raise RunError(f"{name} returned {_shown(answer)} at step {step}, which is neither true nor false: return "
+                       "True to stop the run after this step, None or False to go on", code=1) from None

@@ -99,13 +99,14 @@ def train_config(settings: dict[str, Any], folder: Path | None, progress: bool) 
 def start_session(spec: ModelSpec, spec_path: Path, settings: dict[str, Any], folder: Path | None, plan: Plan,
                   device: torch.device, status: Callable[[str], None] = lambda _: None,
                   world: Any = None, before: Callable[[], None] = lambda: None,
-                  after: Callable[[], None] = lambda: None, resumed: bool = False) -> Session:
+                  after: Callable[[], None] = lambda: None, resumed: bool = False, python: bool = False) -> Session:
     """The run's data and the model of `plan` on `device` (`before`/`after`: the ranks' barriers
     around building it; `resumed`: the run in `folder` continues, its encoded bound data kept as it
     is). Raises `RunError` for data that does not fit, for running out of memory and
-    for early stopping without evaluations during training."""
+    for early stopping without evaluations during training (the options named as `flowrec.train`'s
+    keywords where `python`, else as `flowrec train`'s flags)."""
     check_plan_fits(plan, device, world)
-    check_synthetic_rows(spec, settings)
+    check_synthetic_rows(spec, settings, python)
     if spec.training.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
     before()
@@ -118,7 +119,7 @@ def start_session(spec: ModelSpec, spec_path: Path, settings: dict[str, Any], fo
                            EXIT_OUT_OF_MEMORY) from None
         raise RunError(str(exc), cause=exc) from None
     after()
-    check_early_stopping(session, settings)
+    check_early_stopping(session, settings, python)
     return session
 
 
@@ -141,18 +142,19 @@ def record_encoder(session: Session, folder: Path | None, resuming: bool, parent
         raise RunError(str(exc), cause=exc) from None
 
 
-def check_early_stopping(session: Session, settings: dict[str, Any]) -> None:
+def check_early_stopping(session: Session, settings: dict[str, Any], python: bool = False) -> None:
     """Early stopping needs evaluations during training: an evaluation set and `eval_every`
-    (`flowrec train` and `flowrec.train` alike). Raises `RunError` (the model is closed first)."""
+    (`flowrec train` and `flowrec.train` alike, each in its words: `python`). Raises `RunError` (the
+    model is closed first)."""
     if session.spec.training.early_stopping is None:
         return
     problem = None
     if session.eval is None:
-        problem = ("training.early_stopping needs an evaluation set: give --eval-data (eval_data=), or data "
-                   "with a test split")
+        problem = (f"training.early_stopping needs an evaluation set: give {'eval_data=' if python else '--eval-data'},"
+                   " or data with a test split")
     elif not settings["eval_every"]:
         problem = ("training.early_stopping needs evaluations during training: set training.eval_every in the "
-                   "spec or give --eval-every N (eval_every=)")
+                   f"spec or give {'eval_every=N' if python else '--eval-every N'}")
     if problem is not None:
         session.model.close()
         raise RunError(problem)
@@ -167,10 +169,10 @@ def synthetic_bytes(spec: ModelSpec, rows: int) -> int:
     return int(rows * (1 + EVAL_FRACTION)) * per_row
 
 
-def check_synthetic_rows(spec: ModelSpec, settings: dict[str, Any]) -> None:
+def check_synthetic_rows(spec: ModelSpec, settings: dict[str, Any], python: bool = False) -> None:
     """Synthetic rows are generated in memory (their peak about `synthetic_bytes`): more than this
     machine's memory cannot fit (the run would swap or be killed after minutes, or seem to hang),
-    so it is a `RunError` at once."""
+    so it is a `RunError` at once, naming `rows=` where `python` (`flowrec.train`), else `--rows`."""
     if settings.get("data") or (spec.data is not None and spec.data.bound):
         return
     try:
@@ -179,7 +181,8 @@ def check_synthetic_rows(spec: ModelSpec, settings: dict[str, Any]) -> None:
         return
     need = synthetic_bytes(spec, settings["rows"])
     if memory > 0 and need > memory:
-        raise RunError(f"--rows {settings['rows']:,} synthetic rows take about {need / 2**30:,.1f} GiB in "
+        rows = f"rows={settings['rows']}" if python else f"--rows {settings['rows']:,}"
+        raise RunError(f"{rows} synthetic rows take about {need / 2**30:,.1f} GiB in "
                        f"memory, more than this machine's {memory / 2**30:,.1f} GiB: give fewer "
-                       f"--rows (rows=), or a dataset (`flowrec data synth SPEC --rows N --out DIR` writes "
-                       f"one to disk)")
+                       f"{'rows=' if python else '--rows'}, or a dataset (`flowrec data synth SPEC --rows N --out DIR` "
+                       "writes one to disk)")
