@@ -62,6 +62,7 @@ FILES: dict[str, frozenset[str]] = {
     "tests/unit/test_api_nproc_refusals.py": FAST,  # flowrec.train(nproc=N): refused before any rank starts
     "tests/unit/test_api_resume.py": FAST,  # flowrec.train(spec, resume=RUN): bitwise, finished, refused, CLI <-> Python
     "tests/unit/test_api_hostile.py": FAST,  # the Python API given hostile and careless arguments and callbacks
+    "tests/unit/test_rt16.py": FAST,  # devices, run folders and their locks, Python-built specs: one line each
     "tests/unit/test_walk8.py": FAST,  # an eighth walk: the Python API and the model language, as a demanding user
     "tests/unit/test_precision_note.py": FAST,  # bf16 where the CPU has no bf16 kernels: warned, doctor says so
     "tests/unit/test_lowp.py": FAST,  # bf16 products as fp32 products of bf16 values where the CPU has no bf16 kernels

@@ -91,17 +91,27 @@ class Session:
 
 
 def device_problem(name: str) -> str | None:
-    """Why `name` is no device (`--device`, `device=`): None for auto and every name torch reads,
-    else the rest of one line ("must be auto, cpu or cuda[:N], not ..."). The one check of
-    train, eval, calibrate and the API."""
+    """Why `name` is no device flowrec runs on (`--device`, `device=`): None for auto and every cpu
+    or cuda[:N] name torch reads, else the rest of one line ("must be auto, cpu or cuda[:N], not
+    ..."). The one check of train, eval, calibrate and the API, made before a run folder is made.
+
+    A name torch reads but flowrec does not run on (meta, mps, xpu) is refused too: `meta` trained
+    into a traceback on the first loss it read, leaving a run folder behind.
+
+    Example:
+        >>> device_problem("cuda:1") is None, device_problem("meta")
+        (True, "must be auto, cpu or cuda[:N], not 'meta': flowrec trains and scores on the CPU or a CUDA GPU")
+    """
     if not name.strip():  # torch.device("") says "Device string must not be empty"
         return "must be auto, cpu or cuda[:N], not an empty string"
     if name == "auto":
         return None
     try:
-        torch.device(name)
+        kind = torch.device(name).type
     except RuntimeError:
         return f"must be auto, cpu or cuda[:N], not {name[:40]!r}{did_you_mean(name, ('auto', 'cpu', 'cuda'))}"
+    if kind not in ("cpu", "cuda"):  # the words of flowrec.api's check of device=
+        return f"must be auto, cpu or cuda[:N], not {name[:40]!r}: flowrec trains and scores on the CPU or a CUDA GPU"
     return None
 
 
