@@ -181,6 +181,9 @@ def open_folder(folder: Path) -> RunLock:
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise RunFolderError(f"{folder} is a file, not a run folder")
+    dangling = _dangling_link(folder)
+    if dangling is not None:  # mkdir said only 'File exists' of a name that holds nothing
+        raise RunFolderError(f"cannot create run folder {folder}: {dangling}")
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -195,6 +198,25 @@ def open_folder(folder: Path) -> RunLock:
     for place in (folder, *places):
         remove_stale_temps(place)  # a rank killed in its shard's write leaves its temp file in checkpoint.shards/
     return lock
+
+
+def _dangling_link(folder: Path) -> str | None:
+    """Why `folder` cannot be made when it, or a folder above it, is a symbolic link to nothing (its
+    target removed, moved or never made, or a loop of links), in words naming the link, its target
+    and what to do; None otherwise.
+
+    Example:
+        >>> _dangling_link(Path("no/such/folder")) is None
+        True
+    """
+    for place in (folder, *folder.parents):
+        if place.is_symlink() and not place.exists():
+            target = os.readlink(place)
+            missing = "leads to no folder (a link to a link that is gone, or a loop of links)" \
+                if os.path.lexists(place.parent / target) else "does not exist"
+            return (f"{place} is a symbolic link to {target!r:.80}, which {missing}; create the folder it "
+                    f"names, or remove the link, or give another folder")
+    return None
 
 
 def foreign_entries(folder: Path) -> list[str]:
