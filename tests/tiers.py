@@ -167,6 +167,8 @@ TESTS: dict[str, frozenset[str]] = {
     "tests/unit/test_calibrate_collective.py::test_processes_that_do_not_finish_in_time_are_killed_and_named":
         frozenset({"processes"}),
     "tests/unit/test_cost_shared_cores.py::test_two_processes_step_the_spec_at_once": frozenset({"processes"}),
+    "tests/unit/test_rt16.py::test_a_run_folder_locked_by_another_process_still_names_it_another_run":
+        frozenset({"processes"}),
     "tests/unit/test_cost_call_fit.py::test_two_processes_step_two_layouts_and_fit_them": frozenset({"processes"}),
     "tests/unit/test_render.py::test_svg_is_deterministic_across_processes": frozenset({"processes"}),
     "tests/unit/test_runs8.py::test_eval_and_resume_of_a_model_without_dropout_never_import_dynamo":

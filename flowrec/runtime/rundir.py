@@ -55,7 +55,10 @@ class RunLock:
     def acquire(cls, folder: Path, name: str = LOCK_NAME, what: str = "run folder",
                 holder: str = "flowrec run") -> "RunLock":
         """Lock `folder` (which must exist) with its file `name`, or raise RunFolderError naming the
-        holder's pid (`what` names the folder, `holder` the kind of process, in the message)."""
+        holder's pid (`what` names the folder, `holder` the kind of process, in the message). A lock
+        this same process holds (another thread training into the folder, or `flowrec.train()` called
+        from a callback of the run into its own folder: a second lock's open file is refused as
+        another process's is) is said to be this process's, not another run's."""
         path = Path(folder) / name
         try:  # never through a link: the pid written below truncated the file a planted link named
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
@@ -76,7 +79,7 @@ class RunLock:
         except OSError:
             pid = _read_pid(fd)
             os.close(fd)
-            raise RunFolderError(f"{what} {folder} is in use by another {holder} (pid {pid})") from None
+            raise RunFolderError(_in_use(what, folder, holder, pid)) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         return cls(Path(folder), fd, name)
@@ -149,6 +152,20 @@ def folder_state(folder: Path | None, lock_name: str = LOCK_NAME) -> str:
         return "empty" if {p.name for p in folder.iterdir()} <= {lock_name} else "used"
     except OSError:  # not a folder, or unreadable: the claim that follows says why
         return "used"
+
+
+def _in_use(what: str, folder: Path, holder: str, pid: str) -> str:
+    """The line of a folder whose lock is held by the process `pid` (as its lock file says).
+
+    Example:
+        >>> _in_use("run folder", Path("runs/a"), "flowrec run", "unknown")
+        'run folder runs/a is in use by another flowrec run (pid unknown)'
+    """
+    if pid != str(os.getpid()):
+        return f"{what} {folder} is in use by another {holder} (pid {pid})"
+    return (f"{what} {folder} is in use by this same process (pid {pid}), not another {holder}: another call "
+            f"of this program (a thread, or a callback of the run) holds it; let that call end first, or give "
+            f"another folder")
 
 
 def _read_pid(fd: int) -> str:

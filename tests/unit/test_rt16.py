@@ -57,3 +57,58 @@ def test_a_link_to_a_dangling_link_says_it_leads_to_no_folder(tmp_path: Path) ->
     (tmp_path / "second").symlink_to("first")
     with pytest.raises(RunFolderError, match=r"second is a symbolic link to 'first', which leads to no folder"):
         open_folder(tmp_path / "second")
+
+
+def test_a_run_folder_locked_by_this_same_process_says_so(tmp_path: Path) -> None:
+    """A second thread training into a run's folder, or `flowrec.train()` called from a callback into
+    its own folder, was told the folder was "in use by another flowrec run (pid N)", N being its own
+    pid: the line says it is this process, another call of the same program."""
+    import os
+
+    from flowrec.runs.folder import claim_run_folder
+    from flowrec.runtime.rundir import RunFolderError, RunLock
+    from flowrec.testing.processes import call_within
+
+    run = tmp_path / "run"
+    run.mkdir()
+    held = RunLock.acquire(run)
+    try:
+        def second_call() -> str:  # on a thread of its own, as a second training thread would
+            try:
+                claim_run_folder(run, None, True, "wide_deep")
+            except RunFolderError as exc:
+                return str(exc)
+            return "not refused"
+
+        line = call_within(60, second_call)
+    finally:
+        held.release()
+    assert line == (f"run folder {run} is in use by this same process (pid {os.getpid()}), not another flowrec "
+                    "run: another call of this program (a thread, or a callback of the run) holds it; let that "
+                    "call end first, or give another folder")
+    RunLock.acquire(run).release()  # released: the next call gets it
+
+
+def test_a_run_folder_locked_by_another_process_still_names_it_another_run(tmp_path: Path) -> None:
+    """The same lock held by another process (its pid in the lock file, as a run writes it) is still
+    another flowrec run's."""
+    import subprocess
+    import sys
+
+    from flowrec.runtime.rundir import LOCK_NAME, RunFolderError, RunLock
+    from flowrec.testing.processes import communicate_bounded, readline_bounded
+
+    run = tmp_path / "run"
+    run.mkdir()
+    hold = ("import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+            "fcntl.flock(fd, fcntl.LOCK_EX); os.write(fd, f'{os.getpid()}\\n'.encode()); "
+            "print('held', flush=True); sys.stdin.read()")
+    child = subprocess.Popen([sys.executable, "-c", hold, str(run / LOCK_NAME)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert readline_bounded(child, child.stdout, 60) == "held\n"
+        with pytest.raises(RunFolderError) as caught:
+            RunLock.acquire(run)
+    finally:
+        communicate_bounded(child, 60, input="")
+    assert str(caught.value) == f"run folder {run} is in use by another flowrec run (pid {child.pid})"
