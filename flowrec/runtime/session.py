@@ -57,6 +57,8 @@ class SessionOptions:
             (None: direct pyarrow reads, the faster default; see docs/data.md).
         split_rule: the seeded split's rule of the run (`flowrec.data.convert.SPLIT_RULE`; a run of
             before rule 3 records none: 2), with which its bound data is encoded again when gone.
+        python: the run is `flowrec.train`'s: its lines name the keywords (`data=`), not the flags of
+            `flowrec train` (`--data`).
     """
 
     data: Path | None = None
@@ -70,6 +72,7 @@ class SessionOptions:
     dask: str | None = None
     init_from: Path | None = None
     split_rule: int | None = None
+    python: bool = False
 
 
 @dataclass
@@ -279,8 +282,9 @@ def resolve_data(spec: ModelSpec, spec_path: Path, opts: SessionOptions,
             evaluation = _replace_evaluation(train, evaluation, Path(opts.eval_data), spec, opts.dask)
         return train, evaluation, f"data: {spec.data.format} at {spec.data.path} (encoded in {folder})"
     if opts.eval_data is not None:  # it would be ignored: synthetic rows have their own evaluation rows
+        given = "data=" if opts.python else "--data"
         raise DataError(f"evaluation data {opts.eval_data} needs training data encoded alike: give the training "
-                        "data too (--data, data=, or data bound in the spec), not synthetic rows")
+                        f"data too ({given}, or data bound in the spec), not synthetic rows")
     return synthetic_sources(spec, opts.synthetic_rows, status)
 
 

@@ -112,3 +112,21 @@ def test_a_run_folder_locked_by_another_process_still_names_it_another_run(tmp_p
     finally:
         communicate_bounded(child, 60, input="")
     assert str(caught.value) == f"run folder {run} is in use by another flowrec run (pid {child.pid})"
+
+
+def test_evaluation_data_without_training_data_is_said_in_the_callers_words(tmp_path: Path) -> None:
+    """`flowrec.train(spec, eval_data=DIR)` on synthetic rows was told to give the training data
+    "(--data, data=, or data bound in the spec)", a flag of the command line among the keywords:
+    Python reads `data=`, `flowrec train` reads `--data`."""
+    import flowrec
+    from flowrec.data.layout import DataError
+
+    spec, held = SPECS / "dlrm_criteo.yaml", tmp_path / "held"
+    with pytest.raises(DataError) as caught:
+        flowrec.train(spec, eval_data=held, rows=200, max_steps=1, out=tmp_path / "py")
+    assert str(caught.value) == (f"evaluation data {held} needs training data encoded alike: give the training "
+                                 "data too (data=, or data bound in the spec), not synthetic rows")
+    result = CliRunner().invoke(app, ["train", str(spec), "--eval-data", str(held), "--rows", "200",
+                                      "--max-steps", "1", "--out", str(tmp_path / "cli")])
+    assert result.exit_code == 2, result.output
+    assert "give the training data too (--data, or data bound in the spec)" in result.output
