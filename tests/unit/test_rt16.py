@@ -130,3 +130,77 @@ def test_evaluation_data_without_training_data_is_said_in_the_callers_words(tmp_
                                       "--max-steps", "1", "--out", str(tmp_path / "cli")])
     assert result.exit_code == 2, result.output
     assert "give the training data too (--data, or data bound in the spec)" in result.output
+
+
+def _tiny_doc() -> dict:
+    import copy
+
+    from flowrec.testing.specs import TINY
+
+    return copy.deepcopy(TINY)
+
+
+def test_a_dict_spec_with_numpy_numbers_takes_their_python_values() -> None:
+    """A spec built in Python from arrays (`np.int64(8)` as a dim, `np.float32` as a learning rate)
+    was told "(got a int64; quote text)", YAML's wording of a date: the values are taken as the
+    Python numbers they are, and the spec round-trips as JSON."""
+    import json
+
+    import numpy as np
+
+    from flowrec.spec.load import spec_from_dict, to_dict
+    from flowrec.spec.validate import validate_document
+
+    plain, doc = _tiny_doc(), _tiny_doc()
+    plain["optimizer"]["dense"]["lr"] = 0.5
+    plain["training"]["batch_size"] = 64
+    doc["tables"][0]["dim"] = np.int64(plain["tables"][0]["dim"])
+    doc["optimizer"]["dense"]["lr"] = np.float32(0.5)
+    doc["training"]["batch_size"] = np.int32(64)
+    spec = spec_from_dict(doc)
+    assert spec == spec_from_dict(plain)
+    assert type(spec.tables[0].dim) is int and type(spec.training.batch_size) is int
+    assert type(doc["tables"][0]["dim"]) is np.int64  # the caller's document is left as it was
+    assert spec_from_dict(json.loads(json.dumps(to_dict(spec)))) == spec
+    assert validate_document(to_dict(spec)) == validate_document(to_dict(spec_from_dict(plain)))
+
+
+def test_python_values_a_spec_cannot_hold_are_said_in_python_words() -> None:
+    """A ModelSpec holding a numpy number (built with it, or `dataclasses.replace`), or a spec given a
+    class object, read "(got a int64; quote text)" and "(got a type; quote text)": each line says
+    what to give instead, in Python's words."""
+    import numpy as np
+
+    from flowrec.spec.validate import validate_document
+
+    class Tower:
+        pass
+
+    doc = _tiny_doc()
+    doc["tables"][0]["dim"] = np.int64(8)
+    doc["training"]["deterministic"] = np.bool_(True)
+    doc["modules"][0]["layers"] = Tower
+    doc["modules"][0]["inputs"] = ("@dense",)
+    said = {i.path: i.message for i in validate_document(doc)}
+    assert said["tables[0].dim"] == "must be a Python int, not numpy.int64 (8): give int(x)"
+    assert said["training.deterministic"] == f"must be a Python bool, not numpy.{type(np.bool_(True)).__name__} (True): give bool(x)"
+    assert said["modules[0].layers"] == (
+        "must be text, a number, True / False, None, a list or a dict, not the class "
+        f"{Tower.__qualname__}: give its class path as text ('{__name__}.{Tower.__qualname__}')")
+    assert said["modules[0].inputs"] == "must be a list, not a tuple: give a list"
+    assert not any("quote text" in message for message in said.values())
+
+
+def test_a_dict_spec_with_a_number_that_is_not_finite_is_refused_naming_its_path() -> None:
+    """`spec_from_dict` took a NaN batch_size and an infinite lr, which `flowrec.train` refused
+    later: they are refused at once, each line naming its key's path."""
+    from flowrec.spec.errors import SpecError
+    from flowrec.spec.load import spec_from_dict
+
+    doc = _tiny_doc()
+    doc["training"]["batch_size"] = float("nan")
+    doc["optimizer"]["sparse"]["lr"] = float("inf")
+    with pytest.raises(SpecError) as caught:
+        spec_from_dict(doc)
+    assert [str(i) for i in caught.value.issues] == ["optimizer.sparse.lr: must be a finite number, not inf",
+                                                    "training.batch_size: must be a finite number, not nan"]
