@@ -77,14 +77,16 @@ def run_settings(given: dict[str, Any], spec: ModelSpec, recorded: dict[str, Any
     return settings, notes
 
 
-def session_options(settings: dict[str, Any], folder: Path | None, resumed: bool = False) -> SessionOptions:
+def session_options(settings: dict[str, Any], folder: Path | None, resumed: bool = False,
+                    python: bool = False) -> SessionOptions:
+    """The session's options of a run with these settings (`python`: `flowrec.train`'s, in its words)."""
     return SessionOptions(
         data=Path(settings["data"]) if settings["data"] else None,
         eval_data=Path(settings["eval_data"]) if settings["eval_data"] else None,
         device=settings["device"], device_budget=settings["device_budget"], synthetic_rows=settings["rows"],
         seed=settings["seed"], workdir=folder, resumed=resumed, dask=settings["dask"],
         init_from=Path(settings["init_from"]) if settings.get("init_from") else None,
-        split_rule=settings.get("split_rule"))
+        split_rule=settings.get("split_rule"), python=python)
 
 
 def train_config(settings: dict[str, Any], folder: Path | None, progress: bool) -> TrainConfig:
@@ -111,8 +113,8 @@ def start_session(spec: ModelSpec, spec_path: Path, settings: dict[str, Any], fo
         torch.use_deterministic_algorithms(True, warn_only=True)
     before()
     try:
-        session = prepare(spec, spec_path, session_options(settings, folder, resumed), plan, device, status=status,
-                          world=world)
+        session = prepare(spec, spec_path, session_options(settings, folder, resumed, python), plan, device,
+                          status=status, world=world)
     except (DataError, RuntimeError, ValueError, MemoryError) as exc:
         if out_of_memory(exc):
             raise RunError(f"out of memory building the model: {first_line(exc)}. {memory_hint()}",

@@ -55,7 +55,10 @@ class RunLock:
     def acquire(cls, folder: Path, name: str = LOCK_NAME, what: str = "run folder",
                 holder: str = "flowrec run") -> "RunLock":
         """Lock `folder` (which must exist) with its file `name`, or raise RunFolderError naming the
-        holder's pid (`what` names the folder, `holder` the kind of process, in the message)."""
+        holder's pid (`what` names the folder, `holder` the kind of process, in the message). A lock
+        this same process holds (another thread training into the folder, or `flowrec.train()` called
+        from a callback of the run into its own folder: a second lock's open file is refused as
+        another process's is) is said to be this process's, not another run's."""
         path = Path(folder) / name
         try:  # never through a link: the pid written below truncated the file a planted link named
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
@@ -76,7 +79,7 @@ class RunLock:
         except OSError:
             pid = _read_pid(fd)
             os.close(fd)
-            raise RunFolderError(f"{what} {folder} is in use by another {holder} (pid {pid})") from None
+            raise RunFolderError(_in_use(what, folder, holder, pid)) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         return cls(Path(folder), fd, name)
@@ -151,6 +154,20 @@ def folder_state(folder: Path | None, lock_name: str = LOCK_NAME) -> str:
         return "used"
 
 
+def _in_use(what: str, folder: Path, holder: str, pid: str) -> str:
+    """The line of a folder whose lock is held by the process `pid` (as its lock file says).
+
+    Example:
+        >>> _in_use("run folder", Path("runs/a"), "flowrec run", "unknown")
+        'run folder runs/a is in use by another flowrec run (pid unknown)'
+    """
+    if pid != str(os.getpid()):
+        return f"{what} {folder} is in use by another {holder} (pid {pid})"
+    return (f"{what} {folder} is in use by this same process (pid {pid}), not another {holder}: another call "
+            f"of this program (a thread, or a callback of the run) holds it; let that call end first, or give "
+            f"another folder")
+
+
 def _read_pid(fd: int) -> str:
     try:
         return os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
@@ -181,6 +198,9 @@ def open_folder(folder: Path) -> RunLock:
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise RunFolderError(f"{folder} is a file, not a run folder")
+    dangling = _dangling_link(folder)
+    if dangling is not None:  # mkdir said only 'File exists' of a name that holds nothing
+        raise RunFolderError(f"cannot create run folder {folder}: {dangling}")
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -195,6 +215,25 @@ def open_folder(folder: Path) -> RunLock:
     for place in (folder, *places):
         remove_stale_temps(place)  # a rank killed in its shard's write leaves its temp file in checkpoint.shards/
     return lock
+
+
+def _dangling_link(folder: Path) -> str | None:
+    """Why `folder` cannot be made when it, or a folder above it, is a symbolic link to nothing (its
+    target removed, moved or never made, or a loop of links), in words naming the link, its target
+    and what to do; None otherwise.
+
+    Example:
+        >>> _dangling_link(Path("no/such/folder")) is None
+        True
+    """
+    for place in (folder, *folder.parents):
+        if place.is_symlink() and not place.exists():
+            target = os.readlink(place)
+            missing = "leads to no folder (a link to a link that is gone, or a loop of links)" \
+                if os.path.lexists(place.parent / target) else "does not exist"
+            return (f"{place} is a symbolic link to {target!r:.80}, which {missing}; create the folder it "
+                    f"names, or remove the link, or give another folder")
+    return None
 
 
 def foreign_entries(folder: Path) -> list[str]:

@@ -57,6 +57,8 @@ class SessionOptions:
             (None: direct pyarrow reads, the faster default; see docs/data.md).
         split_rule: the seeded split's rule of the run (`flowrec.data.convert.SPLIT_RULE`; a run of
             before rule 3 records none: 2), with which its bound data is encoded again when gone.
+        python: the run is `flowrec.train`'s: its lines name the keywords (`data=`), not the flags of
+            `flowrec train` (`--data`).
     """
 
     data: Path | None = None
@@ -70,6 +72,7 @@ class SessionOptions:
     dask: str | None = None
     init_from: Path | None = None
     split_rule: int | None = None
+    python: bool = False
 
 
 @dataclass
@@ -91,17 +94,27 @@ class Session:
 
 
 def device_problem(name: str) -> str | None:
-    """Why `name` is no device (`--device`, `device=`): None for auto and every name torch reads,
-    else the rest of one line ("must be auto, cpu or cuda[:N], not ..."). The one check of
-    train, eval, calibrate and the API."""
+    """Why `name` is no device flowrec runs on (`--device`, `device=`): None for auto and every cpu
+    or cuda[:N] name torch reads, else the rest of one line ("must be auto, cpu or cuda[:N], not
+    ..."). The one check of train, eval, calibrate and the API, made before a run folder is made.
+
+    A name torch reads but flowrec does not run on (meta, mps, xpu) is refused too: `meta` trained
+    into a traceback on the first loss it read, leaving a run folder behind.
+
+    Example:
+        >>> device_problem("cuda:1") is None, device_problem("meta")
+        (True, "must be auto, cpu or cuda[:N], not 'meta': flowrec trains and scores on the CPU or a CUDA GPU")
+    """
     if not name.strip():  # torch.device("") says "Device string must not be empty"
         return "must be auto, cpu or cuda[:N], not an empty string"
     if name == "auto":
         return None
     try:
-        torch.device(name)
+        kind = torch.device(name).type
     except RuntimeError:
         return f"must be auto, cpu or cuda[:N], not {name[:40]!r}{did_you_mean(name, ('auto', 'cpu', 'cuda'))}"
+    if kind not in ("cpu", "cuda"):  # the words of flowrec.api's check of device=
+        return f"must be auto, cpu or cuda[:N], not {name[:40]!r}: flowrec trains and scores on the CPU or a CUDA GPU"
     return None
 
 
@@ -269,8 +282,9 @@ def resolve_data(spec: ModelSpec, spec_path: Path, opts: SessionOptions,
             evaluation = _replace_evaluation(train, evaluation, Path(opts.eval_data), spec, opts.dask)
         return train, evaluation, f"data: {spec.data.format} at {spec.data.path} (encoded in {folder})"
     if opts.eval_data is not None:  # it would be ignored: synthetic rows have their own evaluation rows
+        given = "data=" if opts.python else "--data"
         raise DataError(f"evaluation data {opts.eval_data} needs training data encoded alike: give the training "
-                        "data too (--data, data=, or data bound in the spec), not synthetic rows")
+                        f"data too ({given}, or data bound in the spec), not synthetic rows")
     return synthetic_sources(spec, opts.synthetic_rows, status)
 
 

@@ -45,6 +45,7 @@ from flowrec.spec.retrieval_checks import head_top_k
 from flowrec.spec.tasks import TASKS
 from flowrec.spec.units import parse_bytes
 from flowrec.spec.validate import validate_document
+from flowrec.spec.values import nonfinite_issues, python_values
 from flowrec.spec.view import DocView
 
 MODULE_KEYS = ("name", "kind", "inputs")
@@ -79,9 +80,15 @@ def spec_from_dict(doc: dict[str, Any], base_dir: Path | None = None) -> ModelSp
 
     Raises:
         SpecError: a document that cannot be converted, with every problem `validate_document`
-            finds in it (not the KeyError or TypeError of the first missing or mistyped value).
+            finds in it (not the KeyError or TypeError of the first missing or mistyped value), or
+            that holds a number that is not finite (NaN, inf), each named by its path. A numpy
+            integer, float or bool (`np.int64(8)`) is taken as its Python value.
     """
     del base_dir  # paths are resolved where they are used, relative to the spec file
+    doc = python_values(doc)  # np.int64(8) where a file says 8: a spec built in Python from arrays
+    nonfinite = nonfinite_issues(doc)  # a NaN batch_size or an infinite lr was taken, and refused by train()
+    if nonfinite:
+        raise SpecError(nonfinite, "document")
     try:
         return _spec_from_dict(doc)
     except (KeyError, TypeError, AttributeError, ValueError, IndexError):

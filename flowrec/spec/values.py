@@ -24,6 +24,7 @@ from flowrec.spec.schema_errors import format_path, show
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 _SCALARS = (bool, type(None))
 _SURROGATE = re.compile("[\ud800-\udfff]")  # JSON's "\ud800" escape; no UTF-8 file can hold one
+_NONFINITE = "must be a finite number"
 _KINDS = {"date": "a date", "datetime": "a timestamp", "bytes": "binary data", "set": "a set", "tuple": "a tuple"}
 
 
@@ -62,8 +63,79 @@ def _problem(value: Any, depth: int) -> str | None:
     if isinstance(value, int):
         return None if INT64_MIN <= value <= INT64_MAX else "must be an integer within 64 bits (-2^63 .. 2^63-1)"
     if isinstance(value, float):
-        return None if math.isfinite(value) else f"must be a finite number, not {value}"
+        return None if math.isfinite(value) else f"{_NONFINITE}, not {value}"
     if isinstance(value, (dict, list)):
         return None if depth < MAX_DEPTH else f"nests deeper than {MAX_DEPTH} levels"
-    kind = _KINDS.get(type(value).__name__, f"a {type(value).__name__}")
-    return f"must be text, a number, true / false, null, a list or a mapping (got {kind}; quote text)"
+    if _numpy_scalar(value):  # only Python passes one (a YAML or JSON file cannot)
+        plain = {"i": "int", "u": "int", "f": "float", "b": "bool"}.get(getattr(value.dtype, "kind", ""))
+        if plain is not None:
+            return f"must be a Python {plain}, not numpy.{type(value).__name__} ({value}): give {plain}(x)"
+        return (f"must be text, a number, True / False, None, a list or a dict, not numpy.{type(value).__name__} "
+                f"({str(value):.40})")
+    if isinstance(value, tuple):  # only Python makes one: a list is what a spec holds
+        return "must be a list, not a tuple: give a list"
+    if type(value).__name__ in _KINDS:  # what a YAML file can say: its text, quoted, is what was meant
+        return (f"must be text, a number, true / false, null, a list or a mapping (got "
+                f"{_KINDS[type(value).__name__]}; quote text)")
+    if isinstance(value, type):  # a custom module's class, given as the class: its path is the spec's
+        return (f"must be text, a number, True / False, None, a list or a dict, not the class "
+                f"{value.__qualname__}: give its class path as text ('{value.__module__}.{value.__qualname__}')")
+    return (f"must be text, a number, True / False, None, a list or a dict, not a {type(value).__name__} "
+            f"({value!r:.40})")
+
+
+def _numpy_scalar(value: Any) -> bool:
+    """A numpy scalar (np.int64(8), np.float32(0.1), np.bool_(True)), told without importing numpy."""
+    return type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0 and hasattr(value, "item")
+
+
+def python_values(doc: Any) -> Any:
+    """`doc` with each numpy integer, float and bool scalar in it as its Python value (a spec built in
+    Python from arrays holds `np.int64(8)` where a file says 8); the containers holding one are copied,
+    `doc` itself is not changed. Anything else stays for `value_issues` to judge.
+
+    Example:
+        >>> import numpy as np
+        >>> python_values({"dim": np.int64(8), "lr": [np.float32(0.5)], "name": "t"})
+        {'dim': 8, 'lr': [0.5], 'name': 't'}
+    """
+    try:
+        return _python_values(doc)
+    except RecursionError:  # a document that holds itself: `value_issues` says it is too deep
+        return doc
+
+
+def _python_values(doc: Any) -> Any:
+    if isinstance(doc, dict):
+        return {k: _python_values(v) for k, v in doc.items()} if _holds_numpy(doc) else doc
+    if isinstance(doc, list):
+        return [_python_values(v) for v in doc] if _holds_numpy(doc) else doc
+    if _numpy_scalar(doc) and getattr(doc.dtype, "kind", "") in "iufb":
+        return doc.item()
+    return doc
+
+
+def _holds_numpy(doc: Any) -> bool:
+    """Whether a numpy scalar is anywhere in `doc` (iterative: no document makes it recurse)."""
+    todo, seen = [doc], 0
+    while todo and seen <= MAX_VALUES:
+        value = todo.pop()
+        seen += 1
+        if _numpy_scalar(value):
+            return True
+        if isinstance(value, dict):
+            todo.extend(value.values())
+        elif isinstance(value, list):
+            todo.extend(value)
+    return False
+
+
+def nonfinite_issues(doc: Any) -> list[SpecIssue]:
+    """One issue per NaN or infinite number in `doc`, each with its path (`training.batch_size: must
+    be a finite number, not nan`); never raises.
+
+    Example:
+        >>> [str(i) for i in nonfinite_issues({"training": {"batch_size": float("nan")}})]
+        ['training.batch_size: must be a finite number, not nan']
+    """
+    return [issue for issue in value_issues(doc) if issue.message.startswith(_NONFINITE)]

@@ -173,8 +173,9 @@ def _locked_out(root: Path) -> list[str]:
 
 
 RUN_CASES = {
-    "second_run_into_a_locked_folder": (_locked_out, "in use by another flowrec run (pid {pid})"),
-    "resume_of_a_locked_folder": (COMMANDS["resume"], "in use by another flowrec run (pid {pid})"),
+    # the lock is held by this test's process: the line says so (tests/unit/test_rt16.py: another's)
+    "second_run_into_a_locked_folder": (_locked_out, "in use by this same process (pid {pid})"),
+    "resume_of_a_locked_folder": (COMMANDS["resume"], "in use by this same process (pid {pid})"),
     "out_on_an_existing_run": (lambda r: ["train", str(r / "spec.yaml"), "--out", str(r / "run")],
                                "already holds a run"),
     "out_is_a_folder_of_other_files": (lambda r: ["train", str(r / "spec.yaml"), "--out", str(r / "data")],

@@ -623,7 +623,7 @@ def test_a_second_follow_on_the_same_stream_is_refused(spec: Path, tmp_path: Pat
     try:
         second = runner.invoke(app, ["train", str(spec), "--follow", str(days), "--out", str(stream), "-q"])
         assert second.exit_code == 2 and f"pid {os.getpid()}" in second.output, second.output
-        assert "in use by another flowrec train --follow" in second.output
+        assert "in use by this same process" in second.output and "not another flowrec train --follow" in second.output
         assert sorted(p.name for p in stream.iterdir()) == [LOCK_FILE]  # nothing trained, nothing recorded
     finally:
         held.release()
@@ -767,7 +767,7 @@ def test_overwriting_a_run_folder_in_use_is_refused_and_keeps_it(spec: Path, tmp
     (run / "checkpoint.pt").write_bytes(b"the other run's checkpoint")
     held = RunLock.acquire(run)
     try:
-        with pytest.raises(RunFolderError, match=f"in use by another flowrec run \\(pid {os.getpid()}\\)"):
+        with pytest.raises(RunFolderError, match=f"in use by this same process \\(pid {os.getpid()}\\)"):
             flowrec.train(spec, out=run, overwrite=True, rows=200, max_steps=1)
         cli = runner.invoke(app, ["train", str(spec), "--out", str(run), "--overwrite", "--rows", "200", "-q"])
         assert cli.exit_code == 2 and "in use" in cli.output
