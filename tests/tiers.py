@@ -62,7 +62,7 @@ FILES: dict[str, frozenset[str]] = {
     "tests/unit/test_api_nproc_refusals.py": FAST,  # flowrec.train(nproc=N): refused before any rank starts
     "tests/unit/test_api_resume.py": FAST,  # flowrec.train(spec, resume=RUN): bitwise, finished, refused, CLI <-> Python
     "tests/unit/test_api_hostile.py": FAST,  # the Python API given hostile and careless arguments and callbacks
-    "tests/unit/test_rt16.py": FAST,  # devices, run folders and their locks, Python-built specs: one line each
+    "tests/unit/test_run_folder_refusals.py": FAST,  # devices, run folders and their locks, Python-built specs: one line each
     "tests/unit/test_walk8.py": FAST,  # an eighth walk: the Python API and the model language, as a demanding user
     "tests/unit/test_precision_note.py": FAST,  # bf16 where the CPU has no bf16 kernels: warned, doctor says so
     "tests/unit/test_lowp.py": FAST,  # bf16 products as fp32 products of bf16 values where the CPU has no bf16 kernels
@@ -167,7 +167,7 @@ TESTS: dict[str, frozenset[str]] = {
     "tests/unit/test_calibrate_collective.py::test_processes_that_do_not_finish_in_time_are_killed_and_named":
         frozenset({"processes"}),
     "tests/unit/test_cost_shared_cores.py::test_two_processes_step_the_spec_at_once": frozenset({"processes"}),
-    "tests/unit/test_rt16.py::test_a_run_folder_locked_by_another_process_still_names_it_another_run":
+    "tests/unit/test_run_folder_refusals.py::test_a_run_folder_locked_by_another_process_still_names_it_another_run":
         frozenset({"processes"}),
     "tests/unit/test_cost_call_fit.py::test_two_processes_step_two_layouts_and_fit_them": frozenset({"processes"}),
     "tests/unit/test_render.py::test_svg_is_deterministic_across_processes": frozenset({"processes"}),

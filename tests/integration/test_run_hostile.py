@@ -173,7 +173,7 @@ def _locked_out(root: Path) -> list[str]:
 
 
 RUN_CASES = {
-    # the lock is held by this test's process: the line says so (tests/unit/test_rt16.py: another's)
+    # the lock is held by this test's process: the line says so (tests/unit/test_run_folder_refusals.py: another's)
     "second_run_into_a_locked_folder": (_locked_out, "in use by this same process (pid {pid})"),
     "resume_of_a_locked_folder": (COMMANDS["resume"], "in use by this same process (pid {pid})"),
     "out_on_an_existing_run": (lambda r: ["train", str(r / "spec.yaml"), "--out", str(r / "run")],
