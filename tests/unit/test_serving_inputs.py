@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
+from test_serving_devices import fixed_device_nodes
 from test_serving_lookups import SPEC, _inputs, _per_field
 
 import flowrec
@@ -266,15 +267,7 @@ def test_the_program_makes_its_ranges_on_the_inputs_device(serving, dtype) -> No
     finally:
         for weight, data in zip(serving.tables, saved):
             weight.data = data
-    fixed = []
-    for node in program.graph.nodes:
-        trace = (node.meta.get("stack_trace") or "").splitlines()
-        frames = [i for i, line in enumerate(trace) if line.strip().startswith("File ")]
-        if node.op != "call_function" or "device" not in node.kwargs or not frames:
-            continue
-        where, code = trace[frames[-1]].strip(), trace[frames[-1] + 1].strip() if frames[-1] + 1 < len(trace) else ""
-        if "flowrec/serving/" in where and "self.dense_model." not in code:  # (the dense part's are the runtime's)
-            fixed.append(f"{node.target} at {where}: {code}")
+    fixed = fixed_device_nodes(program)  # the dense part's too (serve13: every spec kind in test_serving_devices)
     ranges = [n for n in program.graph.nodes if n.op == "call_function" and "new_ones" in str(n.target)]
     assert not fixed, fixed
     assert len(ranges) >= 3  # the lookups' field ranges, the sequence's positions and its mask's
