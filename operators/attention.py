@@ -120,7 +120,8 @@ class SelfAttention(nn.Module):
         if self.output == "target":
             if target is None:
                 raise ValueError("self_attention output target: the forward needs the target vector")
-            seq = torch.cat([seq, as_dtype(target.reshape(seq.shape[0], 1, seq.shape[2]), seq.dtype)], dim=1)  # (B, L+1, D)
+            target = as_dtype(target.reshape(seq.shape[0], 1, seq.shape[2]), seq.dtype)  # (B, 1, D)
+            seq = torch.cat([seq, target], dim=1)  # (B, L+1, D)
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)  # (B, L+1)
         x = seq if self.positions is None else seq + self.positions
         allowed = self._allowed(mask)

@@ -115,7 +115,8 @@ def test_every_node_of_the_program_follows_its_inputs_device(path: Path, tmp_pat
             assert constants == [], (path.stem, name, dtype)
             if dtype != torch.float16:
                 continue
-            features = [f for f in spec.sparse_features if name == "model" or f.name != serving.dense_model.retrieval.item_feature]
+            item = serving.dense_model.retrieval.item_feature if name != "model" else None
+            features = [f for f in spec.sparse_features if f.name != item]
             out, off = _meta_run(program, spec, features)
             assert off == [], (path.stem, name, off[:5])
             assert out.device.type == "meta" and out.shape[0] == _example(spec)[0].shape[0], (path.stem, name)

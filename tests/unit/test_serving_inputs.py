@@ -144,7 +144,8 @@ def test_a_dense_input_of_another_width_is_refused_in_one_line(serving, programs
                       bad_dense(width), "no rows, no columns")
 
 
-def test_inputs_of_another_number_of_dimensions_are_refused_in_one_line_by_load_models_program(serving, programs) -> None:
+def test_inputs_of_another_number_of_dimensions_are_refused_in_one_line_by_load_models_program(serving,
+                                                                                               programs) -> None:
     """0-d and 2-d ids or offsets, a feature that is not a pair, a 1-d or 3-d dense input: before
     serve13 torch's guard code met them (`IndexError: tuple index out of range`) or a shape error
     deep in the program; `load_model(...).program` now refuses each in one line naming the input
