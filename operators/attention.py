@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from operators.device_free import as_dtype, positions
 from operators.regularize import SeededDropout
 
 Shapes = Sequence[tuple[int, ...]]
@@ -119,7 +120,8 @@ class SelfAttention(nn.Module):
         if self.output == "target":
             if target is None:
                 raise ValueError("self_attention output target: the forward needs the target vector")
-            seq = torch.cat([seq, target.reshape(seq.shape[0], 1, seq.shape[2]).to(seq.dtype)], dim=1)  # (B, L+1, D)
+            target = as_dtype(target.reshape(seq.shape[0], 1, seq.shape[2]), seq.dtype)  # (B, 1, D)
+            seq = torch.cat([seq, target], dim=1)  # (B, L+1, D)
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)  # (B, L+1)
         x = seq if self.positions is None else seq + self.positions
         allowed = self._allowed(mask)
@@ -136,7 +138,7 @@ class SelfAttention(nn.Module):
         leaves the target attending to itself alone).
         """
         length = mask.shape[1]
-        position = torch.arange(length, device=mask.device)
+        position = positions(mask, length)  # (L,)
         keys = mask | ((position == 0) & ~mask.any(dim=1, keepdim=True))  # (B, L)
         allowed = keys[:, None, None, :].expand(-1, 1, length, -1)
         if self.causal:
@@ -145,10 +147,10 @@ class SelfAttention(nn.Module):
 
     def _pool(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The last valid position's state, or the mean over valid positions; zeros when empty.  # (B, D)"""
-        valid = mask.to(x.dtype)  # (B, L)
+        valid = as_dtype(mask, x.dtype)  # (B, L)
         count = valid.sum(dim=1, keepdim=True)  # (B, 1)
         if self.output == "mean":
             return (x * valid.unsqueeze(2)).sum(dim=1) / count.clamp(min=1.0)
-        last = (count.long() - 1).clamp(min=0)  # (B, 1)
+        last = (as_dtype(count, torch.int64) - 1).clamp(min=0)  # (B, 1)
         picked = x.gather(1, last.unsqueeze(2).expand(-1, 1, x.shape[2])).squeeze(1)  # (B, D)
-        return picked * (count > 0).to(x.dtype)
+        return picked * as_dtype(count > 0, x.dtype)

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from operators.dense import MLP, Shapes, flat_rows
+from operators.device_free import as_dtype, positions
 from operators.lowp import emulating_autocast, matmul
 
 
@@ -56,18 +57,40 @@ class Dot(nn.Module):
             self._pairs[key] = (upper, mirror)
         return self._pairs[key]
 
+    def pairs_of(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`pairs` of the fields of `x` (B, F, D), on its device; while exporting, computed from `x`
+        itself (`traced_pairs`), not cached: an exported `triu_indices` holds the traced device."""
+        return traced_pairs(x, x.shape[1]) if torch.compiler.is_exporting() else self.pairs(x.shape[1], x.device)
+
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
         if inputs[0].device.type == "cpu" and torch.is_autocast_enabled("cpu"):
             dtype = torch.get_autocast_dtype("cpu")
             x = as_fields([t.to(dtype) for t in inputs], self.flat_ports)  # (B, F, D): cast per input, one cat
-            upper, mirror = self.pairs(x.shape[1], x.device)
+            upper, mirror = self.pairs_of(x)
             if emulating_autocast(x.device):  # no bf16 kernels: the fp32 dots of the bf16 values, rounded once
                 with torch.autocast("cpu", enabled=False):
                     return _TriuDot.apply(x.float(), upper, mirror).to(torch.bfloat16)
             return _RowsDot.apply(x) if x.shape[1] > 1 else _TriuDot.apply(x, upper, mirror)
         x = as_fields(inputs, self.flat_ports)  # (B, F, D)
-        upper, mirror = self.pairs(x.shape[1], x.device)
+        upper, mirror = self.pairs_of(x)
         return _TriuDot.apply(x, upper, mirror)  # (B, F (F - 1) / 2)
+
+
+def traced_pairs(like: torch.Tensor, num: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`Dot.pairs(num, like.device)`, the same values, made from `like` (no device of its own in
+    an exported program): the strict upper triangle's flat positions sorted first, in row-major
+    order as `triu_indices` gives them.  # (P,), (F * F,)
+
+    >>> upper, mirror = traced_pairs(torch.zeros(1), 3)
+    >>> upper.tolist(), mirror.tolist()
+    ([1, 2, 5], [3, 0, 1, 0, 3, 2, 1, 2, 3])
+    """
+    count = num * (num - 1) // 2  # P
+    flat = positions(like, num * num)  # (F * F,) row * F + col
+    upper = torch.where(flat // num < flat % num, flat, flat + num * num).sort().values[:count]  # (P,)
+    pair = positions(like, count)  # (P,)
+    mirror = flat.new_full((num * num,), count).index_put((upper,), pair)
+    return upper, mirror.index_put(((upper % num) * num + upper // num,), pair)
 
 
 class _RowsDot(torch.autograd.Function):
@@ -196,4 +219,4 @@ class TargetAttention(nn.Module):
         feats = torch.cat([q, seq, q - seq, q * seq], dim=-1)  # (B, L, 4D)
         scores = self.score(self.unit(feats)).squeeze(-1)  # (B, L)
         scores = scores.masked_fill(~mask, 0.0)
-        return torch.bmm(scores.unsqueeze(1).to(seq.dtype), seq).squeeze(1)  # (B, D)
+        return torch.bmm(as_dtype(scores.unsqueeze(1), seq.dtype), seq).squeeze(1)  # (B, D)

@@ -81,6 +81,7 @@ FILES: dict[str, frozenset[str]] = {
     "tests/unit/test_sources_scoring.py": FAST,  # predict reads only the package's columns, in every format that can
     "tests/unit/test_serving_hostile.py": frozenset({"e2e"}),
     "tests/unit/test_serving_inputs.py": frozenset({"e2e"}),  # trains and exports a run: a torch-only caller's hostile tensors
+    "tests/unit/test_serving_devices.py": frozenset({"thorough"}),  # exports every spec kind (no training): each node on the inputs' device
     "tests/unit/test_predict_frames.py": FAST,  # predict's DataFrame to Arrow, column by column for a few rows
     "tests/unit/test_serving_hostile7.py": frozenset({"e2e"}),  # retrieval items' types, hostile packages and rows
     "tests/unit/test_serving_leftovers.py": frozenset({"e2e"}),  # predict's empty columns, look-alike names, hostile packages

@@ -445,7 +445,10 @@ class LoweredModel(nn.Module):
                   values: dict[str, torch.Tensor]) -> torch.Tensor:
         """A node's flat input assembled by its `FlatGather`.  # (B, In)"""
         flat = concat_flat(self._sources(gather, dense, emb, values))  # (B, sum of source widths)
-        return flat if gather.index is None else flat.index_select(1, gather.index.to(flat.device))
+        if gather.index is None:
+            return flat
+        index = gather.index  # (a `.to(device)` even of its own device exports that device: serving moves it)
+        return flat.index_select(1, index if index.device == flat.device else index.to(flat.device))
 
     def sequence_masks(self, batch: Batch) -> dict[str, torch.Tensor]:
         """Valid positions of each sequence-reading node's sequence: its non-empty bags."""
@@ -508,10 +511,16 @@ def _select_fields(out: torch.Tensor, group: PackedGroup, fields: tuple[str, ...
         return out
     bags = group.field_bags()
     slices = [bags[f] for f in fields]
-    if all(a.stop == b.start for a, b in zip(slices, slices[1:])):  # contiguous: a view
-        return out[:, slices[0].start:slices[-1].stop]
-    index = torch.cat([torch.arange(s.start, s.stop) for s in slices]).to(out.device)
-    return out.index_select(1, index)
+    runs = [[slices[0].start, slices[0].stop]]  # the bags as runs of adjacent ones
+    for s in slices[1:]:
+        if s.start == runs[-1][1]:
+            runs[-1][1] = s.stop
+        else:
+            runs.append([s.start, s.stop])
+    if len(runs) == 1:  # contiguous: a view
+        return out[:, runs[0][0]:runs[0][1]]
+    # the runs side by side (an index of the bags, `torch.arange`, was exported on the traced device)
+    return torch.cat([out[:, start:stop] for start, stop in runs], dim=1)
 
 
 def _embeddings(groups: tuple[PackedGroup, ...], seed: int, device: torch.device,
@@ -569,4 +578,4 @@ def lower(plan: Plan, spec: ModelSpec, device: torch.device | str = "cpu", seed:
 
 def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
     """Logits in fp32 (bf16 autocast outputs) or wider (a float64 model keeps float64)."""
-    return x if x.dtype == torch.float64 else x.float()
+    return x if x.dtype in (torch.float32, torch.float64) else x.float()  # (`.float()` exports a device check)

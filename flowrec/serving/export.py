@@ -26,7 +26,7 @@ from flowrec.graph.plan_io import plan_json
 from flowrec.serving.managed import Maps, maps_of, remap_inputs, write_maps
 from flowrec.serving.package import (MANIFEST_FILE, MODEL_FILE, PACKAGE_FORMAT, PACKAGE_VERSION, PLAN_FILE,
                                      SPEC_FILE, encoded_inputs, file_digests)
-from flowrec.serving.pt2_save import save_program
+from flowrec.serving.pt2_save import movable, save_program
 from flowrec.serving.retrieval import retrieval_export
 from flowrec.serving.retrieval_index import HEADS_FILE
 from flowrec.serving.trained import ServingModel, Trained
@@ -57,14 +57,16 @@ def _example(spec: ModelSpec) -> tuple[torch.Tensor, dict[str, tuple[torch.Tenso
 
 
 def export_program(serving: ServingModel, spec: ModelSpec) -> torch.export.ExportedProgram:
-    """`torch.export` of the serving model with a dynamic batch and dynamic ids per feature."""
+    """`torch.export` of the serving model with a dynamic batch and dynamic ids per feature; no
+    node makes or checks a tensor on a device fixed at export, and its constants move with
+    `.to(device)` (`movable`), so the loaded module runs on the device its inputs and weights are on."""
     batch = torch.export.Dim("batch", min=1, max=1 << 30)
     shapes = ({0: batch}, {f.name: ({0: torch.export.Dim(f"nnz_{i}", min=0, max=1 << 34)}, {0: batch + 1})
                            for i, f in enumerate(spec.sparse_features)})
     from torch.fx.experimental import _config as fx_config
 
     with fx_config.patch(backed_size_oblivious=True):  # a batch of one row is no special case
-        return torch.export.export(serving.eval(), _example(spec), dynamic_shapes=shapes, strict=False)
+        return movable(torch.export.export(serving.eval(), _example(spec), dynamic_shapes=shapes, strict=False))
 
 
 @contextlib.contextmanager

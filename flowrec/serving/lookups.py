@@ -147,6 +147,23 @@ def bad_dense(width: int) -> str:
             "(cast it with .float())")
 
 
+def bad_sparse(feature: str, ids: Any, offsets: Any, rows: int | None = None) -> str:
+    """The one line that refuses a sparse input that is not a pair of 1-d tensors (ids, offsets),
+    or whose offsets are not one more than `rows`, the dense input's rows.
+
+    >>> bad_sparse("user", torch.zeros(2, 3), torch.zeros(4))
+    "sparse['user']: must be (ids, offsets), tensors of shape (nnz,) and (B + 1,) (given shapes (2, 3) and (4,))"
+    >>> bad_sparse("user", torch.zeros(3), torch.zeros(4), rows=5)
+    "sparse['user']: must be (ids, offsets), tensors of shape (nnz,) and (B + 1,) = (6,) for the dense input's 5 rows (given shapes (3,) and (4,))"
+    """
+    def shape(value: Any) -> str:
+        return str(tuple(value.shape)) if isinstance(value, torch.Tensor) else f"a {type(value).__name__}"
+
+    bound = "" if rows is None else f" = ({rows + 1},) for the dense input's {rows} rows"
+    return (f"sparse[{feature!r}]: must be (ids, offsets), tensors of shape (nnz,) and (B + 1,){bound} "
+            f"(given shapes {shape(ids)} and {shape(offsets)})")
+
+
 def check_dense(dense: torch.Tensor, width: int) -> None:
     """Refuse (RuntimeError, one line: `bad_dense(width)`) a dense input that is not float32 or not
     `width` columns wide. float64 met torch's dtype error in the first layer; half floats and

@@ -80,9 +80,9 @@ class LoadedModel:
         record: the encoder record (rules, fingerprint).
         encoder: the encoder applying it to raw tables.
         program: the exported program's module: (dense, sparse) -> (B, n_heads), without torch's
-            guards (`program_module`): it refuses float ids and a dense input that is not float32
-            (B, n_dense), but not inputs that disagree in rows or number of dimensions (torch's
-            errors deep in the program), which the guards of `torch.export.load(...).module()` refuse.
+            guards (`program_module`): it refuses float ids, a dense input that is not float32
+            (B, n_dense), and (`InputShapes`, before the program runs) inputs of another number of
+            dimensions and offsets that are not one more than the dense rows, each in one line.
         manifest: the package manifest.
         maps: the maps of managed tables (`flowrec.serving.managed`).
     """

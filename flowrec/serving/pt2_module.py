@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from flowrec.serving.lookups import bad_dense, bad_sparse
+
 MAX_IDS = 1 << 34  # ids per feature in one call that `flowrec export` declares (Dim nnz_i max)
 _BATCH_TERM = r"(?:L\['dense'\]\.size\(\)\[0\]|\(\(-1\) \+ L\['sparse'\]\['[^'\\]*'\]\[1\]\.size\(\)\[0\]\))"
 _OFFSETS_TERM = r"L\['sparse'\]\['[^'\\]*'\]\[1\]\.size\(\)\[0\]"
@@ -49,15 +51,54 @@ def program_module(program: torch.export.ExportedProgram, path: Path, rows: int)
         raise ValueError(f"{path} is not a usable exported program ({type(exc).__name__})") from None
     if fast:  # every input constraint is proven above: the per-call check (2 passes over the inputs) too
         module.validate_inputs = False
+    module.register_forward_pre_hook(InputShapes(_size(_user_inputs(program)[0], 1)), with_kwargs=True)
     return module
+
+
+class InputShapes:
+    """A forward pre-hook of a program's module that refuses, in one line naming the input and its
+    shape (RuntimeError: `bad_dense`, `bad_sparse`), a dense input that is not 2-d, a sparse
+    feature that is not (ids, offsets) of 1-d tensors, and offsets that are not one more than the
+    dense input's rows. Without it an input of another number of dimensions met torch's guard code
+    (`IndexError: tuple index out of range`) or a shape error deep in the program, and rows that
+    disagree (the module without guards) a shape error. Shapes only, read in Python: no graph
+    node, no value read (a few microseconds per feature and call).
+
+    Args:
+        width: the dense input's columns (the program's), or None where it has none fixed.
+    """
+
+    def __init__(self, width: object) -> None:
+        self.width = width if isinstance(width, int) else None
+
+    def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        dense = args[0] if args else kwargs.get("dense")
+        sparse = args[1] if len(args) > 1 else kwargs.get("sparse")
+        if not isinstance(dense, torch.Tensor) or dense.dim() != 2:
+            raise RuntimeError(bad_dense("n" if self.width is None else self.width))
+        if not isinstance(sparse, dict):
+            return  # (torch's own error: the inputs' tree does not match)
+        rows = dense.shape[0]
+        for name, pair in sparse.items():
+            ids, offsets = pair if isinstance(pair, (tuple, list)) and len(pair) == 2 else (pair, None)
+            if not (isinstance(ids, torch.Tensor) and isinstance(offsets, torch.Tensor)
+                    and ids.dim() == 1 and offsets.dim() == 1):
+                raise RuntimeError(bad_sparse(str(name), ids, offsets))
+            if offsets.shape[0] != rows + 1:
+                raise RuntimeError(bad_sparse(str(name), ids, offsets, rows))
+
+
+def _user_inputs(program: torch.export.ExportedProgram) -> list:
+    """The values of the program's user inputs (dense, then ids and offsets per feature)."""
+    values = {n.name: n.meta.get("val") for n in program.graph.nodes if n.op == "placeholder"}
+    return [values.get(name) for name in program.graph_signature.user_inputs]
 
 
 def input_problem(program: torch.export.ExportedProgram, rows: int) -> str | None:
     """How the user inputs of `program` (dense, then ids and offsets per sparse feature; their tree
     is checked by `check_program`) refuse some batch of 1 to `rows` rows that flowrec passes, in
     words; None when they take every one."""
-    values = {n.name: n.meta.get("val") for n in program.graph.nodes if n.op == "placeholder"}
-    inputs = [values.get(name) for name in program.graph_signature.user_inputs]
+    inputs = _user_inputs(program)
     if not inputs or not all(isinstance(v, torch.Tensor) for v in inputs):
         return "its inputs are not all tensors"
     dense, ids, offsets = inputs[0], inputs[1::2], inputs[2::2]

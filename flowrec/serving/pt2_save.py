@@ -120,3 +120,17 @@ def _write_storage(archive_writer: Any, name: str, tensor: torch.Tensor) -> None
         return
     storage = tensor.cpu().untyped_storage()  # no copy for a CPU tensor
     archive_writer.archive_file.write_record(name, storage, storage.nbytes())
+
+
+def movable(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """`program` with its tensor constants as non-persistent buffers (the same tensors, names and
+    archive records), in place: the module of a loaded program moves its parameters and buffers
+    with `.to(device)` but leaves constants (a dense node's column gather, a custom module's plain
+    tensor attribute) on the device they were traced on, so a program moved to a GPU gathered
+    with a CPU index, or refused its own constant."""
+    from torch.export.graph_signature import InputKind, InputSpec
+
+    specs = program.graph_signature.input_specs
+    specs[:] = [InputSpec(InputKind.BUFFER, s.arg, s.target, persistent=False)
+                if s.kind == InputKind.CONSTANT_TENSOR else s for s in specs]
+    return program

@@ -40,6 +40,7 @@ from flowrec.data.layout import is_multi
 from flowrec.runtime.evaluation.scores import head_columns
 from flowrec.runtime.retrieval import catalogue_ids, catalogue_vectors
 from flowrec.serving.lookups import positions
+from flowrec.serving.pt2_save import movable
 from flowrec.serving.retrieval_index import HEADS_FILE, INDEX_FILE, ITEMS_FILE, faiss_module, for_index, id_type
 
 EXAMPLE_BATCH = 4  # rows of the example inputs the query program is traced with (the batch is dynamic)
@@ -85,8 +86,8 @@ def _export(module: nn.Module, spec: Any, features: list[Any]) -> torch.export.E
     from torch.fx.experimental import _config as fx_config
 
     with fx_config.patch(backed_size_oblivious=True):
-        return torch.export.export(module.eval(), (torch.zeros(b, len(spec.dense_features)), example),
-                                   dynamic_shapes=shapes, strict=False)
+        return movable(torch.export.export(module.eval(), (torch.zeros(b, len(spec.dense_features)), example),
+                                           dynamic_shapes=shapes, strict=False))
 
 
 @dataclass

@@ -64,6 +64,16 @@ def test_dot_is_strict_upper_triangle():
     torch.testing.assert_close(out, torch.stack(ref, dim=1))
 
 
+@pytest.mark.parametrize("fields", [1, 2, 3, 7, 27])
+def test_dots_pairs_made_from_an_input_equal_its_triu_pairs(fields):
+    """An exported program makes the pairs from its input (`traced_pairs`: no device of its own)
+    and training from `triu_indices`: the same integers, so the dots are the same."""
+    from operators.interaction import Dot, traced_pairs
+
+    for made, cached in zip(traced_pairs(torch.zeros(1), fields), Dot().pairs(fields, torch.device("cpu"))):
+        assert made.dtype == cached.dtype == torch.int64 and torch.equal(made, cached)
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_dot_gradient_equals_autograd_of_the_plain_reference(dtype):
     bottom = _x(6, 8).to(dtype).requires_grad_()

@@ -17,13 +17,14 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
+from test_serving_devices import fixed_device_nodes
 from test_serving_lookups import SPEC, _inputs, _per_field
 
 import flowrec
 from flowrec.data.layout import is_multi
 from flowrec.planner.contract import scoring_plan
 from flowrec.serving.export import export_program
-from flowrec.serving.lookups import BAD_OFFSETS, FIELD_BITS, OUT_OF_RANGE, bad_dense, not_integers
+from flowrec.serving.lookups import BAD_OFFSETS, FIELD_BITS, OUT_OF_RANGE, bad_dense, bad_sparse, not_integers
 from flowrec.serving.trained import ServingModel, load_trained
 
 Inputs = tuple[torch.Tensor, dict[str, tuple[torch.Tensor, torch.Tensor]]]
@@ -141,6 +142,44 @@ def test_a_dense_input_of_another_width_is_refused_in_one_line(serving, programs
         assert "\n" not in str(refused.value).strip() and "dense" in str(refused.value)
     _one_line_refusal(programs["load_model"], (dense[:0, :0], {k: (i[:0], o[:1]) for k, (i, o) in sparse.items()}),
                       bad_dense(width), "no rows, no columns")
+
+
+def test_inputs_of_another_number_of_dimensions_are_refused_in_one_line_by_load_models_program(serving,
+                                                                                               programs) -> None:
+    """0-d and 2-d ids or offsets, a feature that is not a pair, a 1-d or 3-d dense input: before
+    serve13 torch's guard code met them (`IndexError: tuple index out of range`) or a shape error
+    deep in the program; `load_model(...).program` now refuses each in one line naming the input
+    and its shape, by keyword as well as by position. (The torch-only module is torch's own: its
+    guards still fail on them, as docs/production.md says.)"""
+    dense, sparse = _small(serving.spec, 5, _seed())
+    width = len(serving.spec.dense_features)
+    program = programs["load_model"]
+    for other in (dense[:, 0], dense.unsqueeze(2), dense[0, 0]):
+        _one_line_refusal(program, (other, sparse), bad_dense(width), str(other.shape))
+    for feature in ("user", "tags", "history"):
+        ids, offsets = sparse[feature]
+        for pair in ((ids.unsqueeze(1), offsets), (ids, offsets.unsqueeze(0)), (ids[0], offsets),
+                     (ids, offsets[0]), (ids.reshape(1, -1), offsets.reshape(-1, 1))):
+            _one_line_refusal(program, (dense, {**sparse, feature: pair}), bad_sparse(feature, *pair),
+                              f"{feature} {[tuple(t.shape) for t in pair]}")
+        _one_line_refusal(program, (dense, {**sparse, feature: ids}), bad_sparse(feature, ids, None), "not a pair")
+    assert "(given shapes (5, 1) and (6,))" in bad_sparse("user", sparse["user"][0].unsqueeze(1), sparse["user"][1])
+    with pytest.raises(RuntimeError) as refused:
+        program(dense=dense[:, 0], sparse=sparse)
+    assert str(refused.value) == bad_dense(width)
+    assert torch.equal(program(dense=dense, sparse=sparse), program(dense, sparse))
+
+
+def test_features_whose_offsets_disagree_with_the_dense_rows_are_refused_in_one_line_by_load_models_program(
+        serving, programs) -> None:
+    """The module without torch's guards met a shape error deep in the program (`shape '[2, 6, 1]'
+    is invalid for input of size 14`); it now names the feature and the offsets it needs."""
+    dense, sparse = _small(serving.spec, 6, _seed())
+    for feature in ("user", "tags", "history"):
+        ids, offsets = sparse[feature]
+        for bounds in (offsets[:-1], torch.cat([offsets, offsets[-1:]])):
+            _one_line_refusal(programs["load_model"], (dense, {**sparse, feature: (ids[:int(bounds[-1])], bounds)}),
+                              bad_sparse(feature, ids[:int(bounds[-1])], bounds, rows=6), feature)
 
 
 def test_features_that_disagree_in_rows_are_one_line_from_the_torch_only_module(serving, programs) -> None:
@@ -266,15 +305,7 @@ def test_the_program_makes_its_ranges_on_the_inputs_device(serving, dtype) -> No
     finally:
         for weight, data in zip(serving.tables, saved):
             weight.data = data
-    fixed = []
-    for node in program.graph.nodes:
-        trace = (node.meta.get("stack_trace") or "").splitlines()
-        frames = [i for i, line in enumerate(trace) if line.strip().startswith("File ")]
-        if node.op != "call_function" or "device" not in node.kwargs or not frames:
-            continue
-        where, code = trace[frames[-1]].strip(), trace[frames[-1] + 1].strip() if frames[-1] + 1 < len(trace) else ""
-        if "flowrec/serving/" in where and "self.dense_model." not in code:  # (the dense part's are the runtime's)
-            fixed.append(f"{node.target} at {where}: {code}")
+    fixed = fixed_device_nodes(program)  # the dense part's too (serve13: every spec kind in test_serving_devices)
     ranges = [n for n in program.graph.nodes if n.op == "call_function" and "new_ones" in str(n.target)]
     assert not fixed, fixed
     assert len(ranges) >= 3  # the lookups' field ranges, the sequence's positions and its mask's
