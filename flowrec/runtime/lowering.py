@@ -519,8 +519,13 @@ def _select_fields(out: torch.Tensor, group: PackedGroup, fields: tuple[str, ...
             runs.append([s.start, s.stop])
     if len(runs) == 1:  # contiguous: a view
         return out[:, runs[0][0]:runs[0][1]]
-    # the runs side by side (an index of the bags, `torch.arange`, was exported on the traced device)
-    return torch.cat([out[:, start:stop] for start, stop in runs], dim=1)
+    if torch.compiler.is_exporting():  # the runs side by side: an index of the bags (`torch.arange`) is
+        # exported on the traced device
+        return torch.cat([out[:, start:stop] for start, stop in runs], dim=1)
+    # training: one gather, whose backward is one scatter (a cat of R runs backs out R slices, each
+    # into zeros of the whole width)
+    index = torch.cat([torch.arange(start, stop) for start, stop in runs]).to(out.device)
+    return out.index_select(1, index)
 
 
 def _embeddings(groups: tuple[PackedGroup, ...], seed: int, device: torch.device,
