@@ -205,3 +205,24 @@ def test_the_slots_the_pass_rewrites_grow_linearly_with_the_fields(monkeypatch):
     assert len(result.graph.graph["plan"].groups) == n
     assert len(input_slots(result.graph, "lin")) == n + 1  # no merge across groups
     assert moved["read"] <= 3 * n and moved["written"] <= 3 * n, moved
+
+
+def test_the_group_layout_makes_calls_linear_in_the_tables():
+    """Packing off, one group per table: `group_layout` made one pass over every feature per group
+    (and a tuple.index of dataclass compares per group): 4x the tables made 16x the calls."""
+    import cProfile
+    import pstats
+
+    def calls(n):
+        spec = spec_from_dict({
+            "name": "wide", "features": [{"name": f"f{i}", "type": "categorical", "hash_buckets": 10 + i, "dim": 4}
+                                         for i in range(n)],
+            "modules": [{"name": "lin", "kind": "linear", "inputs": ["@sparse"], "out": 1}],
+            "heads": [{"name": "h", "input": "lin"}]})
+        profiler = cProfile.Profile()
+        groups = profiler.runcall(group_layout, spec, False)
+        assert [len(g.fields) for g in groups] == [1] * n
+        return pstats.Stats(profiler).total_calls
+
+    small, large = calls(300), calls(1200)
+    assert large < 6 * small, (small, large)
