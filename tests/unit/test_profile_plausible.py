@@ -63,3 +63,33 @@ def test_a_target_file_that_is_not_a_profile_says_what_a_target_is(tmp_path, mon
     assert device_profile("t3").hbm_gbps == 12.5  # a profile under another name is a profile
     with pytest.raises(ValueError, match="unknown target 'gpu9'"):
         device_profile("gpu9")  # no file of that name: a datasheet name that is none
+
+
+def test_a_sample_rate_that_draws_no_row_is_refused():
+    """`flowrec data profile --sample-rate 1e-300` sampled 0 rows and wrote a profile of nothing."""
+    from flowrec.data.dataset import MemorySource, split_table
+    from flowrec.data.profile import profile_access
+    from flowrec.data.synth import SynthConfig, synth_table
+    from flowrec.spec import spec_from_dict
+
+    spec = spec_from_dict({
+        "name": "hot", "features": [{"name": "c", "type": "categorical", "hash_buckets": 50, "dim": 4}],
+        "modules": [{"name": "top", "kind": "mlp", "inputs": ["@sparse"], "layers": [4]}],
+        "heads": [{"name": "ctr", "input": "top"}]})
+    source = MemorySource(split_table(synth_table(spec, 500, SynthConfig(seed=1)), 2))
+    with pytest.raises(ValueError) as info:
+        profile_access(spec, source, sample_rate=1e-300)
+    assert str(info.value).startswith("a sample rate of 1e-300 drew none of the data's 500 rows")
+    assert profile_access(spec, source, sample_rate=0.5)["samples"] > 0
+
+
+def test_a_profile_of_no_sampled_row_is_refused_by_plan(tmp_path):
+    from flowrec.planner.manager import load_profile
+
+    path = tmp_path / "empty.json"
+    path.write_text(json.dumps({"format": "flowrec-access-profile", "version": 1, "spec": "hot", "sample_rate": 1e-300,
+                                "samples": 0, "dataset_rows": 500, "tables": {},
+                                "global": {"accesses": 0, "distinct": 0, "hot_cdf": [], "skew": 0}}))
+    with pytest.raises(ValueError) as info:
+        load_profile(path)
+    assert str(info.value).startswith(f"{path}: the access profile sampled no rows (sample rate 1e-300)")
