@@ -48,6 +48,8 @@ FILES: dict[str, frozenset[str]] = {
         "test_planner_doctests", "test_empty_columns_pass", "test_pt2_module", "test_serving_tables", "test_serving_lookups",
         "test_doc_links",
     )},
+    "tests/unit/test_pack_scale.py": FAST,  # pack at scale: the one-pass rewrite gives the old plan, linear slots
+    "tests/unit/test_profile_plausible.py": FAST,  # implausible device profiles and non-targets refused
     "tests/unit/test_lifecycle_hostile.py": FAST,  # hostile input to runs, --follow, plan --managed-from
     "tests/unit/test_model_language_hostile.py": FAST,  # hostile specs of custom, heads, retrieval, sequences
     "tests/unit/test_labels7_messages.py": FAST,  # text labels, counts of one, close column names, NaN scores

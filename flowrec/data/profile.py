@@ -349,6 +349,10 @@ def profile_access(spec: ModelSpec, source: PartitionSource, sample_rate: float 
     read = RowsRead(spec, groups)
     table = sample_rows(spec, source, sample_rate, seed, read.visit, keep=keep_sample, progress=progress)
     n = table.num_rows
+    if n == 0 and total > 0:  # `--sample-rate 1e-300`: a profile of nothing, every table priced from no count
+        raise ValueError(f"a sample rate of {sample_rate:g} drew none of the data's {total:,} rows (about "
+                         f"{sample_rate * total:.2g} expected): give a rate of at least {min(1.0, 100 / total):.2g} "
+                         "(some 100 rows), or leave it out for FAE's rate")
     cols = {f.name: column_arrays(table.column(f.name)) for f in spec.sparse_features}
     cols = fold_raw_ids(spec, cols)  # managed tables: a row per raw id, estimated by hash
     packed = {g.name: pack_group(g, cols, n) for g in groups}

@@ -39,14 +39,20 @@ def group_layout(spec: ModelSpec, packing: bool | None = None) -> tuple[PackedGr
         tables in spec order with contiguous, disjoint row offsets; fields in spec order.
     """
     packing = spec.plan.packing if packing is None else packing
-    used = {f.table for f in spec.sparse_features}
+    sparse = spec.sparse_features
+    used = {f.table for f in sparse}
+    position = {t.name: i for i, t in enumerate(spec.tables)}  # names are unique
     buckets: dict[object, list[TableSpec]] = {}
     for table in spec.tables:
         if table.name not in used:
             continue
         key = table_key(spec, table) if packing else (table_key(spec, table), table.name)
         buckets.setdefault(key, []).append(table)
-    order = sorted(buckets, key=lambda k: (_sort_key(k), spec.tables.index(buckets[k][0])))
+    order = sorted(buckets, key=lambda k: (_sort_key(k), position[buckets[k][0].name]))
+    group_of = {t.name: i for i, key in enumerate(order) for t in buckets[key]}
+    fields: list[list[GroupField]] = [[] for _ in order]  # per group, in spec order
+    for f in sparse:  # one pass (not one per group: a spec of n tables unpacked made n^2)
+        fields[group_of[f.table]].append(GroupField(f.name, f.table, f.max_len, f.pooling))
     groups = []
     for i, key in enumerate(order):
         members = buckets[key]
@@ -54,12 +60,6 @@ def group_layout(spec: ModelSpec, packing: bool | None = None) -> tuple[PackedGr
         for t in members:
             slots.append(TableSlot(t.name, t.rows, offset))
             offset += t.rows
-        names = {t.name for t in members}
-        fields = tuple(
-            GroupField(f.name, f.table, f.max_len, f.pooling)
-            for f in spec.sparse_features
-            if f.table in names
-        )
         first = members[0]
         suffix = f"_{first.name}" if not packing else ""
         groups.append(
@@ -69,7 +69,7 @@ def group_layout(spec: ModelSpec, packing: bool | None = None) -> tuple[PackedGr
                 dtype=first.dtype,
                 optimizer=optimizer_key(spec.table_optimizer(first)),
                 tables=tuple(slots),
-                fields=fields,
+                fields=tuple(fields[i]),
             )
         )
     return tuple(groups)

@@ -56,6 +56,34 @@ ZERO_OK = frozenset({"sparse_fwd_us", "sparse_fwd_ns_per_id", "sparse_fwd_ns_per
                      "alloc_threshold_bytes", "alloc_ns_per_byte", "step_us",
                      "collective_us", "managed_ns_per_id", "rank_skew_us", "rank_step_fixed_us", "epoch_start_us",
                      "epoch_single_us", "exchange_ns_per_slot", "upload_us"})  # fitted parts a machine may show as nil
+US_MAX = 1e8  # us: 100 s, longer than any one kernel, call or step a profile prices
+NS_MAX = 1e9  # ns: 1 s per id, row or byte
+GBPS = (1e-3, 1e6, "GB/s")  # a link or memory of 1 MB/s .. 1 PB/s
+# plausible (low, high, unit) of each scalar constant: a value outside is a damaged or edited profile
+# (`hbm_gbps: 1e-300` priced a step at nan ms, `memory_bytes: 1` a budget of -4 GiB)
+PLAUSIBLE: dict[str, tuple[float, float, str]] = {
+    "memory_bytes": (2.0 ** 26, 2.0 ** 50, "bytes (64 MiB .. 1 PiB)"),
+    "alloc_threshold_bytes": (0, 2.0 ** 50, "bytes"),
+    "fp32_tflops": (1e-4, 1e5, "TFLOP/s"), "bf16_tflops": (1e-4, 1e5, "TFLOP/s"), "gemm_bwd_tflops": (1e-4, 1e5, "TFLOP/s"),
+    "gemm_efficiency": (1e-4, 10.0, "(a factor)"),
+    "gather_rows_per_s": (1e2, 1e13, "rows/s"), "host_gather_rows_per_s": (1e2, 1e13, "rows/s"),
+    "staging_values_per_s": (1.0, 1e13, "values/s"), "rank_staging_values_per_s": (1.0, 1e13, "values/s"),
+    "compute_scale": (1e-3, 1e3, "(a factor)"), "rank_compute_scale": (1e-3, 1e3, "(a factor)"),
+    "collective_world_size": (1, 1e6, "ranks"),
+}
+
+
+def plausible_range(key: str) -> tuple[float, float, str]:
+    """(low, high, unit) a measured scalar `key` may take: its own, else by its unit's suffix."""
+    if key in PLAUSIBLE:
+        return PLAUSIBLE[key]
+    if key.endswith("_gbps"):
+        return GBPS
+    if key.endswith("_us"):
+        return (0, US_MAX, "us")
+    if "_ns" in key:
+        return (0, NS_MAX, "ns")
+    raise KeyError(key)  # every scalar has a range (a test asks each)
 
 
 class ProfileError(ValueError):
@@ -134,6 +162,10 @@ def _number(value: Any, key: str, path: str) -> int | float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not (
             value > 0 or (key in ZERO_OK and value == 0)):
         raise ProfileError(f"{path}: measured {key} must be a positive number, not {value!r}")
+    low, high, unit = plausible_range(key)
+    if not low <= value <= high:
+        raise ProfileError(f"{path}: measured {key} is {value!r}, outside its plausible range {low:g} .. {high:g} "
+                           f"{unit} (a damaged or edited profile? make one with `flowrec calibrate`)")
     if key in INTEGERS:
         if value != int(value):
             raise ProfileError(f"{path}: measured {key} must be a whole number, not {value!r}")
@@ -145,8 +177,9 @@ def _vector(value: Any, key: str, path: str) -> tuple[float, ...]:
     """A per-length vector: [VECTORS[key] finite non-negative numbers] (the n-th: a length of n)."""
     size = VECTORS[key]
     if (not isinstance(value, list) or len(value) != size
-            or any(isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 <= x < math.inf for x in value)):
-        raise ProfileError(f"{path}: measured {key} must be {size} finite non-negative numbers, not {value!r}")
+            or any(isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 <= x <= US_MAX for x in value)):
+        raise ProfileError(f"{path}: measured {key} must be {size} finite non-negative numbers (at most {US_MAX:g} us), "
+                           f"not {value!r}")
     return tuple(float(x) for x in value)
 
 

@@ -289,6 +289,12 @@ def device_profile(name: str) -> DeviceProfile:
         return DEVICES[name]
     if is_profile_path(name):
         return _calibrated(name)
+    if Path(name).is_file():  # `--target t2.yaml`: a file, read as a profile; said what a target is if none
+        try:
+            return _calibrated(name)
+        except ProfileError as exc:
+            raise ProfileError(f"{exc}; a target is a datasheet name ({', '.join(DEVICES)}) or a device "
+                               f"profile, the JSON file `flowrec calibrate` writes") from None
     from flowrec.spec.schema_errors import did_you_mean
 
     raise ValueError(f"unknown target {name!r} (known: {', '.join(DEVICES)}, or a profile file "

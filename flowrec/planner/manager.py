@@ -144,6 +144,9 @@ def load_profile(path: str | Path | None, spec: ModelSpec | None = None) -> dict
     if errors:
         issue = schema_issues(errors[0])[0]
         raise ValueError(f"{path}: {issue.path} {issue.message} ({redo})")
+    if doc.get("samples") == 0:  # a profile of no sampled row counts nothing to plan from
+        raise ValueError(f"{path}: the access profile sampled no rows (sample rate {doc.get('sample_rate')!r}): "
+                         f"it counts nothing to plan from ({redo}, with a larger --sample-rate)")
     names = [t.name for t in spec.tables] if spec is not None else []
     if names and not any(name in (doc.get("tables") or {}) for name in names):
         of = f" (of spec {doc['spec']!r})" if isinstance(doc.get("spec"), str) else ""

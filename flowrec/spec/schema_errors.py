@@ -29,7 +29,8 @@ _JSON_TYPES = {
 }
 
 
-SYNONYMS = {"gpu": "cuda"}  # what a word means where difflib finds a look-alike ('gpu' -> 'cpu')
+# what a word means where difflib finds a look-alike ('gpu' -> 'cpu') or none ('seperator', data.options' sep)
+SYNONYMS = {"gpu": "cuda", "separator": "sep", "seperator": "sep", "delimiter": "sep"}
 NAME_PATTERN = "^[A-Za-z0-9_][A-Za-z0-9_.:-]*$"  # the schema's pattern of names (features, modules, ...)
 NAME_CHAR = "[A-Za-z0-9_.:-]"
 OUTPUT_PATTERN = "^[A-Za-z0-9_][A-Za-z0-9_:-]*$"  # a moe / ple output: a name without '.' (read as 'module.output')

@@ -149,13 +149,13 @@ CASES: list[tuple[str, str, str | bytes, str]] = [
     ("window_huge", "s.yaml", _spec(_set("plan.window", 10**6)), "plan.window: must be <= 1024"),
     ("budget_huge", "s.yaml", _spec(_set("plan.device_budget", "9" * 400 + " TiB")),
      "plan.device_budget: must be at most 1 PiB (got '999999999999999999999999999999999999...)"),
-    ("options_nan", "s.yaml", _spec(_set("data", {"format": "csv", "path": "x.csv", "options": {"frac": NAN}})),
-     "data.options.frac: must be a finite number, not nan"),
+    ("options_nan", "s.yaml", _spec(_set("data", {"format": "csv", "path": "x.csv", "options": {"test_fraction": NAN}})),
+     "data.options.test_fraction: must be a finite number, not nan"),
     ("options_int_key", "s.yaml", _spec(_set("data", {"format": "csv", "path": "x.csv", "options": {1: "a"}})),
      "data.options: key 1 must be text (quote it)"),
     ("options_date", "s.yaml", _spec(_set("data", {"format": "csv", "path": "x.csv",
-                                                   "options": {"since": datetime.date(2024, 1, 2)}})),
-     "data.options.since: must be text, a number, true / false, null, a list or a mapping (got a date; quote text)"),
+                                                   "options": {"date_column": datetime.date(2024, 1, 2)}})),
+     "data.options.date_column: must be text, a number, true / false, null, a list or a mapping (got a date; quote text)"),
 ]
 
 

@@ -337,3 +337,26 @@ def test_schema_errors_are_listed_in_document_order():
     doc["features"][2]["dim"] = 0  # before data in the document: listed first
     paths = [path for path, _ in _issues(doc) if path.startswith(("data.columns.", "features"))]
     assert paths == ["features[2].dim"] + [f"data.columns.{n}" for n in names]
+
+
+@pytest.mark.parametrize("key, meant", [("seperator", "sep"), ("delimiter", "sep"), ("test_fration", "test_fraction"),
+                                        ("spilt_seed", "split_seed"), ("encodng", "encoding"), ("squence_sep", "sequence_sep")])
+def test_an_unknown_data_option_is_refused_naming_the_closest_known_one(key, meant):
+    """data.options took any key and no reader read a typo (`seperator: ';'` read as commas)."""
+    doc = copy.deepcopy(BASE)
+    doc["data"] = {"format": "csv", "path": "x.csv", "label": "clicked", "options": {"sep": ",", key: ";"}}
+    assert [str(i) for i in validate_document(doc)] == [f"data.options: unknown key {key!r} (did you mean {meant!r}?)"]
+
+
+def test_every_data_option_a_reader_takes_is_known():
+    """The options of the specs in specs/ and of every reader validate; a key far from all is listed
+    with the known ones."""
+    doc = copy.deepcopy(BASE)
+    doc["data"] = {"format": "csv", "path": "x.csv", "label": "clicked", "options": {
+        "sep": ";", "header": False, "names": ["a"], "encoding": "latin-1", "sequence_sep": "^", "test_fraction": 0.2,
+        "split_seed": 1, "split_by": "ts", "split": "leave_last_out", "date_column": "day",
+        "sequence": {"max_len": 20}, "feature_map": "map.txt", "fields": ["a"], "has_label": False, "chunk_bytes": 1024}}
+    assert validate_document(doc) == []
+    doc["data"]["options"] = {"xyzzy": 1}
+    (issue,) = validate_document(doc)
+    assert str(issue).startswith("data.options: unknown key 'xyzzy' (known keys: ") and "sep, " in str(issue)

@@ -40,8 +40,7 @@ def pack(graph: OpGraph, ctx: PassContext) -> PassResult:
     notes: list[str] = []
     if any(g.nodes[n]["op"].kind == "embedding_lookup" for n in g):
         groups = group_layout(ctx.spec, packing)
-        for group in groups:
-            _pack_group(g, group)
+        _pack_groups(g, groups)
         g.graph["plan"] = replace(plan_meta(g), groups=groups)
         notes += _group_notes(groups, packing)
     if packing:
@@ -51,7 +50,33 @@ def pack(graph: OpGraph, ctx: PassContext) -> PassResult:
     return PassResult(reorder(g), True, tuple(notes))
 
 
-def _pack_group(g: OpGraph, group: PackedGroup) -> None:
+def _pack_groups(g: OpGraph, groups: tuple[PackedGroup, ...]) -> None:
+    """Add every group's ids/emb nodes, then rewrite each consumer's slots once.
+
+    Each consumer is rewritten once for all groups (not once per group it reads): with packing
+    off a concat of n fields reads n groups, and a rewrite per group cost O(n^2).
+    """
+    old: dict[str, tuple[str, str]] = {}  # replaced node -> (its group's emb node, feature)
+    merge: dict[str, tuple[int, frozenset[str]]] = {}  # emb node -> (dim, pooled fields)
+    for group in groups:
+        emb = _add_group_nodes(g, group)
+        for f in group.fields:
+            old[f"lookup_{f.feature}"] = old[f"pool_{f.feature}"] = (emb, f.feature)
+        merge[emb] = (group.dim, frozenset(f.feature for f in group.fields if f.pooling != "none"))
+    consumers = {v for n in old if n in g for v in g.successors(n)} - set(old)
+    for node in sorted(consumers):
+        slots = [
+            Slot(s.port, old[s.source][0], (old[s.source][1],), s.shape) if s.source in old else s
+            for s in input_slots(g, node)
+        ]
+        set_inputs(g, node, slots if _keeps_slots(g.nodes[node]["op"]) else _merge_pooled(slots, merge))
+    for group in groups:
+        for f in group.fields:
+            g.remove_nodes_from([f"ids_{f.feature}", f"lookup_{f.feature}", f"pool_{f.feature}"])
+
+
+def _add_group_nodes(g: OpGraph, group: PackedGroup) -> str:
+    """Add the group's ``ids_<group>`` -> ``emb_<group>`` nodes; returns the emb node."""
     ids, emb = f"ids_{group.name}", f"emb_{group.name}"
     bags = group.bags_per_sample
     fields = tuple((f.feature, f.table, f.max_len, f.pooling) for f in group.fields)
@@ -67,18 +92,7 @@ def _pack_group(g: OpGraph, group: PackedGroup) -> None:
                                flops=size.flops,
                                param_bytes=group.rows * group.dim * DTYPE_BYTES[group.dtype]))
     set_inputs(g, emb, [Slot(0, ids, (), (bags,))])
-    old: dict[str, str] = {}  # replaced node -> feature
-    for f in group.fields:
-        old[f"lookup_{f.feature}"] = old[f"pool_{f.feature}"] = f.feature
-    consumers = {v for n in old if n in g for v in g.successors(n)} - set(old)
-    for node in sorted(consumers):
-        slots = [
-            Slot(s.port, emb, (old[s.source],), s.shape) if s.source in old else s
-            for s in input_slots(g, node)
-        ]
-        set_inputs(g, node, slots if _keeps_slots(g.nodes[node]["op"]) else _merge_pooled(slots, group))
-    for f in group.fields:
-        g.remove_nodes_from([f"ids_{f.feature}", f"lookup_{f.feature}", f"pool_{f.feature}"])
+    return emb
 
 
 def _keeps_slots(op) -> bool:
@@ -87,20 +101,29 @@ def _keeps_slots(op) -> bool:
     return op.kind == "similarity" or (op.kind == "head" and op.attr("task") == "retrieval")
 
 
-def _merge_pooled(slots: list[Slot], group: PackedGroup) -> list[Slot]:
-    """Adjacent slots of pooled fields from one packed source become one (F, D) slot."""
-    pooled = {f.feature for f in group.fields if f.pooling != "none"}
-    out: list[Slot] = []
+def _merge_pooled(slots: list[Slot], merge: dict[str, tuple[int, frozenset[str]]]) -> list[Slot]:
+    """Adjacent slots of pooled fields from one packed source become one (F, D) slot.
+
+    `merge` maps each packed source (``emb_<group>``) to its group's (dim, pooled fields). One
+    pass: a run's fields are joined once, so the time is linear in the slots, not quadratic.
+    """
+    runs: list[list[Slot]] = []  # per output slot: the input slots it merges, in order
+    open_run = False  # whether runs[-1] starts with a slot of a packed source, its fields all pooled
     for s in slots:
-        prev = out[-1] if out else None
-        if (prev is not None and prev.source == s.source and s.fields
-                and set(prev.fields + s.fields) <= pooled
-                and prev.source == f"emb_{group.name}"):
-            out[-1] = Slot(prev.port, prev.source, prev.fields + s.fields,
-                           (len(prev.fields) + len(s.fields), group.dim))
-        else:
-            out.append(s)
-    return out
+        pooled = merge[s.source][1] if s.source in merge else None
+        all_pooled = pooled is not None and pooled.issuperset(s.fields)
+        if open_run and all_pooled and s.fields and s.source == runs[-1][0].source:
+            runs[-1].append(s)
+            continue
+        runs.append([s])
+        open_run = all_pooled
+    return [run[0] if len(run) == 1 else _merged(run, merge[run[0].source][0]) for run in runs]
+
+
+def _merged(run: list[Slot], dim: int) -> Slot:
+    """One (F, D) slot of a run of slots, at the first one's port."""
+    fields = tuple(f for s in run for f in s.fields)
+    return Slot(run[0].port, run[0].source, fields, (len(fields), dim))
 
 
 def _group_notes(groups: tuple[PackedGroup, ...], packing: bool) -> list[str]:
