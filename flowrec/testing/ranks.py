@@ -21,9 +21,13 @@ from flowrec.testing.processes import run_bounded
 
 LAUNCH_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 # a custom module (file text) whose third training call raises KeyError on rank 1 (one process: RANK
-# unset, as rank 1): a rank that fails of its own in the middle of training
+# unset, as rank 1): a rank that fails of its own in the middle of training. FLAKY_ENV changes when:
+# "never", or a file's path: in a launch's first attempt only, the file written as it fails (a rank
+# that fails once, then trains on after the launcher's restart)
+FLAKY_ENV = "FLOWREC_TEST_FLAKY"
 FLAKY_MODULE = textwrap.dedent('''
     import os
+    from pathlib import Path
     from torch import nn
 
 
@@ -37,9 +41,19 @@ FLAKY_MODULE = textwrap.dedent('''
         def forward(self, x):
             if self.training:
                 self.calls += 1
-                if self.calls == 3 and os.environ.get("RANK", "1") == "1":
+                if self.calls == 3 and os.environ.get("RANK", "1") == "1" and fails():
                     raise KeyError("no such user")
             return self.proj(x)
+
+
+    def fails():
+        how = os.environ.get("FLOWREC_TEST_FLAKY")
+        if how is None:
+            return True
+        if how == "never" or os.environ.get("TORCHELASTIC_RESTART_COUNT") != "0":
+            return False
+        Path(how).write_text("failed")
+        return True
 ''')
 
 

@@ -18,36 +18,11 @@ from pathlib import Path
 import pytest
 
 from flowrec.testing.processes import communicate_bounded, descendants, kill_tree, run_bounded, wait_bounded
-from flowrec.testing.ranks import assert_same_model, flaky_spec, subprocess_env, tiny_ranks_folder
+from flowrec.testing.ranks import FLAKY_ENV, assert_same_model, flaky_spec, subprocess_env, tiny_ranks_folder
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 300  # every subprocess: a rank left waiting fails the test, never hangs it
 EXIT_S = 150  # from the signal to the calling process's exit (the ranks' checkpoint, the launcher's shutdown)
-FAIL_ONCE_ENV = "FLOWREC_TEST_FAIL_ONCE"  # a file: ONCE_MODULE fails once where it is set, and writes it
-# FLAKY_MODULE (KeyError at rank 1's third training call) in the launch's first attempt only, where
-# FAIL_ONCE_ENV names a file (written as it fails): a rank that fails once, then trains on after the restart
-ONCE_MODULE = textwrap.dedent('''
-    import os
-    from pathlib import Path
-    from torch import nn
-
-
-    class Flaky(nn.Module):
-        def __init__(self, in_features):
-            super().__init__()
-            self.proj = nn.Linear(in_features, 3)
-            self.calls = 0
-
-        def forward(self, x):
-            if self.training:
-                self.calls += 1
-                once = os.environ.get("FLOWREC_TEST_FAIL_ONCE")
-                if (self.calls == 3 and once and os.environ.get("RANK") == "1"
-                        and os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0"):
-                    Path(once).write_text("failed")
-                    raise KeyError("no such user")
-            return self.proj(x)
-''')
 # a custom module whose ranks ignore SIGTERM, SIGINT and SIGHUP from their first training step on
 # (each step: the trainer's own handlers are installed before it) and take 0.1 s a step
 DEAF_MODULE = textwrap.dedent('''
@@ -214,16 +189,15 @@ def test_ranks_deaf_to_sigterm_are_killed_with_the_launcher(tmp_path: Path, stop
 def test_max_restarts_from_python_ends_like_the_uninterrupted_run(tmp_path: Path):
     """Rank 1 fails at step 3 (a KeyError of its custom module) in the first attempt: with max_restarts=1
     every rank is restarted, the run goes on from its checkpoint of step 2 and ends as the run that
-    never failed (FLAKY_MODULE, but failing once: ONCE_MODULE)."""
+    never failed (FLAKY_MODULE, failing once where FLAKY_ENV names a file, never where it says so)."""
     flaky_spec(tmp_path, 5)
-    (tmp_path / "flaky.py").write_text(ONCE_MODULE)
     code = textwrap.dedent("""
         import sys, flowrec
         run = flowrec.train("s.yaml", rows=400, device="cpu", out=sys.argv[1], max_steps=6, checkpoint_every=2,
                             nproc=2, max_restarts=1)
         print(run.trained.step)
     """)
-    for out, env in (("whole", {}), ("restarted", {FAIL_ONCE_ENV: str(tmp_path / "failed")})):
+    for out, env in (("whole", {FLAKY_ENV: "never"}), ("restarted", {FLAKY_ENV: str(tmp_path / "failed")})):
         done = run_bounded([sys.executable, "-c", code, out], cwd=tmp_path, env={**subprocess_env(ROOT), **env},
                            text=True, capture_output=True, timeout_s=TIMEOUT_S)
         assert done.returncode == 0, done.stderr[-3000:]
