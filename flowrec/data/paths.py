@@ -19,7 +19,7 @@ PATH_MAX = 4096  # bytes of a whole path (Linux)
 
 def unusable_path(path: PurePath) -> str | None:
     """Why flowrec cannot use `path` (a name, or the whole path, longer than the file system holds;
-    a name that is not UTF-8 text), or None. Python's `Path.exists()` raises on a name too long
+    a name that is not UTF-8 text; a NUL character), or None. Python's `Path.exists()` raises on a name too long
     where it returns False for a missing file, and flowrec records paths in its JSON files (run.json,
     _flowrec.json), which hold text: both ended in tracebacks, so every command checks its paths first.
 
@@ -28,7 +28,12 @@ def unusable_path(path: PurePath) -> str | None:
     >>> unusable_path(Path(os.fsdecode(b"runs/day\\xe9")))
     "the name 'day\\\\xe9' is not UTF-8 text, and flowrec reads and records paths as text: rename it (e.g. convmv -f latin1 -t utf8)"
     >>> unusable_path(Path("runs/a"))
+    >>> unusable_path(Path("runs/a\\0"))
+    "the path 'runs/a\\\\x00' holds a NUL character ('\\\\0'), which no file name can hold"
     """
+    if "\0" in str(path):  # os.stat's bare ValueError ('embedded null byte'); a shell's argument cannot
+        # hold one, Python text can
+        return f"the path {str(path)[:80]!r} holds a NUL character ('\\0'), which no file name can hold"
     if len(os.fsencode(path)) >= PATH_MAX:
         return f"the path is {len(os.fsencode(path)):,} bytes long; a path holds at most {PATH_MAX - 1:,}"
     limit = _name_max(Path(path))
@@ -68,7 +73,7 @@ def _loops(path: Path) -> bool:
         os.stat(path)
     except OSError as exc:
         return exc.errno == errno.ELOOP
-    except ValueError:  # (a NUL in the name: the command's own check names it)
+    except ValueError:  # (a NUL in the name: unusable_path names it before)
         pass
     return False
 
