@@ -43,7 +43,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from flowrec.runtime.proctree import descendants, kill_tree, send  # noqa: E402
+from flowrec.runtime.proctree import descendants, kill_tree, running, send  # noqa: E402
 from flowrec.testing.processes import run_tree  # noqa: E402
 
 SWEEP = "tests/gpu/test_specs_gpu.py"
@@ -172,24 +172,16 @@ def stop_tree(pid: int, grace_s: float = 5.0) -> None:
     for p in tree:
         send(p, signal.SIGTERM)
     end = time.monotonic() + grace_s
-    while time.monotonic() < end and any(_alive(p) for p in tree):
+    while time.monotonic() < end and any(running(p) for p in tree):
         time.sleep(0.1)
     try:
         os.killpg(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    killed = kill_tree(pid) if _alive(pid) else []
+    killed = kill_tree(pid) if running(pid) else []
     for p in tree:
-        if p not in killed and _alive(p):
+        if p not in killed and running(p):
             send(p, signal.SIGKILL)
-
-
-def _alive(pid: int) -> bool:
-    """`pid` runs (a zombie waiting for its parent's wait is not running)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def shard(ids: list[str], n: int) -> list[list[str]]:

@@ -249,21 +249,13 @@ def _kill_launch(launcher: subprocess.Popen) -> None:
     `proctree.kill_tree`: each stopped first, so none starts another, a restart under max_restarts,
     before the kill), and wait until all are gone (the launcher reaped; its orphaned ranks reaped by
     init)."""
-    from flowrec.runtime.proctree import kill_tree
+    from flowrec.runtime.proctree import kill_tree, running
 
     launch = kill_tree(launcher.pid)
     launcher.wait()
     deadline = time.monotonic() + 30  # SIGKILL cannot be caught: the kernel ends them at once
-    while any(_running(pid) for pid in launch[1:]) and time.monotonic() < deadline:
+    while any(running(pid) for pid in launch[1:]) and time.monotonic() < deadline:
         time.sleep(0.05)
-
-
-def _running(pid: int) -> bool:
-    """Whether `pid` runs (a zombie waiting for its parent counts as gone)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def _read_note(path: Path) -> str | None:

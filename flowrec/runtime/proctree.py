@@ -57,6 +57,14 @@ def kill_tree(pid: int) -> list[int]:
     return seen
 
 
+def running(pid: int) -> bool:
+    """Whether `pid` runs (a zombie waiting for its parent's wait counts as gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def send(pid: int, sig: int) -> None:
     """Signal `pid`; nothing where it is gone already."""
     try:

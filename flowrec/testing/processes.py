@@ -22,10 +22,10 @@ import subprocess
 import threading
 from typing import Any, Callable, Sequence
 
-from flowrec.runtime.proctree import descendants, kill_tree  # the walk and the kill, shared with flowrec.runs
+from flowrec.runtime.proctree import descendants, kill_tree, running  # the walk and the kill, shared with flowrec.runs
 
 __all__ = ["TreeTimeout", "call_within", "communicate_bounded", "communicate_tree", "descendants", "kill_tree",
-           "readline_bounded", "run_bounded", "run_tree", "wait_bounded"]
+           "readline_bounded", "run_bounded", "run_tree", "running", "wait_bounded"]
 
 TAIL_CHARS = 3000  # of each of stdout and stderr, in a timed-out child's failure
 REAP_S = 30  # after the kill: the pipes close once every process holding them is gone

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from flowrec.testing.processes import communicate_bounded, descendants, kill_tree, run_bounded, wait_bounded
+from flowrec.testing.processes import communicate_bounded, descendants, kill_tree, running, run_bounded, wait_bounded
 from flowrec.testing.ranks import assert_same_model, flaky_spec, run_flowrec, subprocess_env, tiny_ranks_folder
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -91,14 +91,6 @@ def test_a_failing_rank_is_one_ranks_failed_with_its_line(tmp_path: Path):
     assert not (tmp_path / "run").exists()  # as one process leaves a run that wrote no checkpoint
 
 
-def _alive(pid: int) -> bool:
-    """Running (a zombie waiting for its parent counts as gone)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 @pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="finds the ranks through /proc")
 def test_ctrl_c_in_the_caller_stops_every_rank_and_says_the_call_that_continues_it(work: Path):
     code = """
@@ -129,7 +121,7 @@ def test_ctrl_c_in_the_caller_stops_every_rank_and_says_the_call_that_continues_
             kill_tree(job.pid)
             wait_bounded(job, 30)
     assert job.returncode == 130, err[-3000:]
-    assert not [p for p in launch if _alive(p)]  # the launcher and both ranks: killed and joined
+    assert not [p for p in launch if running(p)]  # the launcher and both ranks: killed and joined
     said = out.split("interrupted: ", 1)[1].strip()
     assert said.startswith("training interrupted after step ") and "\n" not in said, said
     call = said.split(" scores it, ", 1)[1]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from flowrec.testing.processes import communicate_bounded, descendants, kill_tree, run_bounded, wait_bounded
+from flowrec.testing.processes import communicate_bounded, descendants, kill_tree, running, run_bounded, wait_bounded
 from flowrec.testing.ranks import FLAKY_ENV, assert_same_model, flaky_spec, subprocess_env, tiny_ranks_folder
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,14 +80,6 @@ def _cmdline(pid: int) -> bytes:
         return b""
 
 
-def _alive(pid: int) -> bool:
-    """Running (a zombie waiting for its parent counts as gone)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _signalled(job: subprocess.Popen, pid: int, sig: int, again_after_s: float | None = None) -> tuple[str, str]:
     """`sig` sent to `pid` (and `again_after_s` later once more, where given), then `job`'s output once
     it exits (within EXIT_S; killed with its tree where the test fails first)."""
@@ -126,7 +118,7 @@ def test_sigterm_or_sighup_to_the_caller_stops_every_rank_at_a_checkpoint(work: 
     launch, _ = _ranks_after_steps(job, work / out, 3)
     said, err = _signalled(job, job.pid, sig)
     assert job.returncode == 130, err[-3000:]
-    assert not [p for p in launch if _alive(p)], launch  # the launcher and both ranks: stopped and joined
+    assert not [p for p in launch if running(p)], launch  # the launcher and both ranks: stopped and joined
     said = said.split("interrupted: ", 1)[1].strip()
     step = _checkpoint_step(work / out)  # every rank's part of it: it loads whole
     assert said == (f"training interrupted after step {step}; its checkpoint is in {out}: flowrec.load('{out}') "
@@ -142,7 +134,7 @@ def test_a_signal_to_one_rank_ends_the_call_as_an_interrupt_naming_the_call_that
     launch, ranks = _ranks_after_steps(job, work / "rank_stopped", 3)
     said, err = _signalled(job, ranks[-1], signal.SIGTERM)
     assert job.returncode == 130, err[-3000:]
-    assert not [p for p in launch if _alive(p)], launch
+    assert not [p for p in launch if running(p)], launch
     step = _checkpoint_step(work / "rank_stopped")
     assert said.split("interrupted: ", 1)[1].strip() == (
         f"training interrupted after step {step}; its checkpoint is in rank_stopped: flowrec.load('rank_stopped') "
@@ -181,7 +173,7 @@ def test_ranks_deaf_to_sigterm_are_killed_with_the_launcher(tmp_path: Path, stop
     launch, _ = _ranks_after_steps(job, tmp_path / "deaf", 2)
     said, err = _signalled(job, job.pid, signal.SIGTERM, again_after_s)
     assert job.returncode == 130, err[-3000:]
-    assert not [p for p in launch if _alive(p)], launch
+    assert not [p for p in launch if running(p)], launch
     assert "launcher status: -9" in said, said  # killed by this call (SIGKILL), not ended by its own shutdown
     assert "interrupted: training on 2 ranks interrupted (SIGTERM) before its first checkpoint: " in said, said
 

@@ -18,7 +18,7 @@ from typing import Callable
 
 import pytest
 
-from flowrec.testing.processes import communicate_bounded, descendants, kill_tree, wait_bounded
+from flowrec.testing.processes import communicate_bounded, descendants, kill_tree, running, wait_bounded
 from flowrec.testing.ranks import assert_same_model, run_flowrec, subprocess_env, tiny_ranks_folder
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,17 +42,9 @@ def _args(out: str, nproc: int = 2) -> list[str]:
 def _assert_gone(launch: list[int], err: str) -> None:
     """Every process of the launch has exited within EXIT_S (none left running)."""
     deadline = time.monotonic() + EXIT_S
-    while any(_alive(p) for p in launch) and time.monotonic() < deadline:
+    while any(running(p) for p in launch) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not [p for p in launch if _alive(p)], err[-3000:]
-
-
-def _alive(pid: int) -> bool:
-    """Running (a zombie waiting for its parent counts as gone)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    assert not [p for p in launch if running(p)], err[-3000:]
 
 
 def _wait_for_ranks_training(job: subprocess.Popen, metrics: Path) -> list[int]:
@@ -195,7 +187,7 @@ def _signal_when_held(args: list[str], work: Path, env: dict, tmp_path: Path, he
 def _exited(pid_file: Path) -> bool:
     """The process whose id a hold wrote to `pid_file` has exited."""
     text = pid_file.read_text()
-    return text.isdigit() and not _alive(int(text))
+    return text.isdigit() and not running(int(text))
 
 
 def _stop_requested(err: str) -> bool:

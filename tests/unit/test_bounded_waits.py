@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from flowrec.testing.processes import (call_within, communicate_bounded, kill_tree, readline_bounded, run_bounded,
-                                       run_tree, wait_bounded)
+                                       run_tree, running, wait_bounded)
 from flowrec.testing.ranks import run_flowrec
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="finds the processes through /proc")
@@ -33,13 +33,6 @@ time.sleep(600)
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _started(pids: Path, count: int) -> list[int]:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -52,9 +45,9 @@ def _started(pids: Path, count: int) -> list[int]:
 
 def _gone(pids: list[int]) -> bool:
     deadline = time.monotonic() + 60
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+    while any(running(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
-    return not any(_alive(p) for p in pids)
+    return not any(running(p) for p in pids)
 
 
 def test_a_hung_child_is_killed_with_its_tree_and_fails_with_what_it_printed(tmp_path: Path):
@@ -63,7 +56,7 @@ def test_a_hung_child_is_killed_with_its_tree_and_fails_with_what_it_printed(tmp
         run_bounded([sys.executable, "-c", HUNG, word, str(pids)], timeout_s=10,
                     capture_output=True, text=True)
     started = _started(pids, 2)
-    assert _gone(started), [p for p in started if _alive(p)]
+    assert _gone(started), [p for p in started if running(p)]
     said = str(failed.value)
     assert "still running after" in said and word in said.split("stdout")[1] and f"on stderr: {word}" in said
 
@@ -80,7 +73,7 @@ def test_a_popen_past_its_deadline_is_killed_with_its_tree(tmp_path: Path):
             kill_tree(proc.pid)
             wait_bounded(proc, 30)
     started = _started(pids, 2)
-    assert _gone(started), [p for p in started if _alive(p)]
+    assert _gone(started), [p for p in started if running(p)]
     assert f"on stderr: {word}" in str(failed.value)
 
 
@@ -90,7 +83,7 @@ def test_a_tools_hung_child_is_killed_with_its_tree_and_raises_timeout_expired(t
     with pytest.raises(subprocess.TimeoutExpired) as expired:  # what the tools catch, as before
         run_tree([sys.executable, "-c", HUNG, word, str(pids)], timeout_s=10, capture_output=True, text=True)
     started = _started(pids, 2)
-    assert _gone(started), [p for p in started if _alive(p)]
+    assert _gone(started), [p for p in started if running(p)]
     assert (expired.value.timeout, expired.value.output, expired.value.stderr) == (10, f"{word}\n",
                                                                                    f"on stderr: {word}\n")
     said = str(expired.value)
@@ -109,7 +102,7 @@ def test_a_popen_waited_past_its_deadline_is_killed_with_its_tree(tmp_path: Path
             kill_tree(proc.pid)
             wait_bounded(proc, 30)
     started = _started(pids, 2)
-    assert _gone(started), [p for p in started if _alive(p)]
+    assert _gone(started), [p for p in started if running(p)]
     code = random.randrange(1, 100)
     assert wait_bounded(subprocess.Popen([sys.executable, "-c", f"raise SystemExit({code})"]), 120) == code
 
@@ -146,7 +139,7 @@ def test_a_line_that_never_comes_kills_the_tree(tmp_path: Path):
         proc.stdout.close()
         proc.stderr.close()
     started = _started(pids, 2)
-    assert _gone(started), [p for p in started if _alive(p)]
+    assert _gone(started), [p for p in started if running(p)]
 
 
 def test_a_call_that_never_returns_fails_within_its_deadline():
