@@ -65,7 +65,7 @@ class RunLock:
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 raise RunFolderError(f"cannot lock {what} {folder}: its lock file {name} is a symbolic link "
-                                     f"(to {os.readlink(path)!r:.80}); remove the link") from None
+                                     f"(to {os.readlink(path)!r}); remove the link") from None
             raise RunFolderError(f"cannot lock {what} {folder}: {exc.strerror}") from None
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:  # a hard link: another file's bytes too
@@ -210,7 +210,7 @@ def open_folder(folder: Path) -> RunLock:
     linked = next((place for place in places if place.is_symlink()), None)
     if linked is not None:  # the run removes and writes checkpoints in them: another run's, through the link
         lock.release()
-        raise RunFolderError(f"{linked} is a symbolic link (to {os.readlink(linked)!r:.80}); a run keeps its "
+        raise RunFolderError(f"{linked} is a symbolic link (to {os.readlink(linked)!r}); a run keeps its "
                              f"checkpoints in folders of its own: remove the link")
     for place in (folder, *places):
         remove_stale_temps(place)  # a rank killed in its shard's write leaves its temp file in checkpoint.shards/
@@ -231,7 +231,7 @@ def _dangling_link(folder: Path) -> str | None:
             target = os.readlink(place)
             missing = "leads to no folder (a link to a link that is gone, or a loop of links)" \
                 if os.path.lexists(place.parent / target) else "does not exist"
-            return (f"{place} is a symbolic link to {target!r:.80}, which {missing}; create the folder it "
+            return (f"{place} is a symbolic link to {target!r}, which {missing}; create the folder it "
                     f"names, or remove the link, or give another folder")
     return None
 

@@ -30,22 +30,23 @@ def test_a_device_torch_reads_but_flowrec_does_not_run_on_is_refused_before_the_
     assert eval_result.exit_code == 2 and "flowrec trains and scores on the CPU or a CUDA GPU" in eval_result.output
 
 
-@pytest.mark.parametrize("below", ["", "sub/run"])
+@pytest.mark.parametrize("below, gone", [("", "gone"), ("sub/run", "gone"), ("", "a-long-name-" * 12)])
 def test_a_run_folder_through_a_dangling_link_names_the_link_and_its_missing_target(
-        tmp_path: Path, below: str) -> None:
+        tmp_path: Path, below: str, gone: str) -> None:
     """`--out`/`out=` a symbolic link whose target is gone said "cannot create run folder dangling:
     File exists" of a name that holds nothing: the line names the link, where it leads, and what to do;
-    nothing is made, the link stays as it was."""
+    nothing is made, the link stays as it was. The target is named whole, however long (CI's
+    temporary folders are longer than a laptop's)."""
     from flowrec.runs.folder import claim_run_folder
     from flowrec.runtime.rundir import RunFolderError
 
     link = tmp_path / "dangling"
-    link.symlink_to(tmp_path / "gone")
+    link.symlink_to(tmp_path / gone)
     out = link / below if below else link
     with pytest.raises(RunFolderError) as caught:
         claim_run_folder(out, None, False, "wide_deep")
     assert str(caught.value) == (f"cannot create run folder {out}: {link} is a symbolic link to "
-                                 f"{str(tmp_path / 'gone')!r}, which does not exist; create the folder it names, "
+                                 f"{str(tmp_path / gone)!r}, which does not exist; create the folder it names, "
                                  "or remove the link, or give another folder")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling"] and link.is_symlink()
 
