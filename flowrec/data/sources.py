@@ -35,6 +35,7 @@ from flowrec.data.error_log import ErrorLog
 from flowrec.data.layout import META_FILE, DataError
 from flowrec.data.parquet_folder import file_columns, parquet_files
 from flowrec.data.sequences import HISTORY_COLUMN, TEST_COLUMN, next_item_rows, sequence_length
+from flowrec.data.stars import off_scale, scale_text
 from flowrec.spec.model import FORMAT_ALIASES  # criteo, avazu, libfm: the readers' short names
 
 CHUNK_BYTES = 16 << 20  # bytes of text per streamed chunk
@@ -1160,7 +1161,9 @@ def read_movielens(path: Path, options: dict[str, Any], log: ErrorLog, numeric: 
     (`flowrec.data.sequences`).
 
     Raises:
-        DataError: a folder of none of these releases, or an unreadable ratings line.
+        DataError: a folder of none of these releases, an unreadable ratings line, or a rating off
+            its release's scale (`flowrec.data.stars`: whole stars 1-5 in 100K and 1M, half stars
+            0.5-5 after).
     """
     del log, scoring  # read whole: a folder of its own files, scored by no package column list
     max_len = sequence_length(options)
@@ -1243,16 +1246,17 @@ def _movielens_tables(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFr
                              "gender": pd.Series(dtype=object), "occupation": pd.Series(dtype="Int64"),
                              "zip_code": pd.Series(dtype=object)})
     if release == "20M+":
-        raw = _read_lines(path / "ratings.csv", "userId,movieId,rating,timestamp", dtype=str)
+        raw = _read_lines(path / "ratings.csv", "userId,movieId,rating,timestamp", dtype=str, keep_default_na=False)
         wanted = ["userId", "movieId", "rating", "timestamp"]
         if not set(wanted) <= set(raw.columns):
             raise DataError(f"{path / 'ratings.csv'}: the header names {list(raw.columns)[:8]}, not {wanted}")
-        ratings = _checked_ratings(raw[wanted], path / "ratings.csv", "userId,movieId,rating,timestamp", 2, ",")
+        ratings = _checked_ratings(raw[wanted], path / "ratings.csv", "userId,movieId,rating,timestamp", 2, ",",
+                                   release)
         movies = _read_lines(path / "movies.csv", "movieId,title,genres", dtype=str, keep_default_na=False)
         ids = _whole_numbers(movies[["movieId"]], path / "movies.csv", "movieId,title,genres", 2, ",")["movieId"]
         items = _titled_items(ids.astype(np.int64), movies["title"], movies["genres"])
         return ratings, no_users, items
-    ratings = _double_colon_ratings(path / "ratings.dat")
+    ratings = _double_colon_ratings(path / "ratings.dat", release)
     movies = _double_colon_lines(path / "movies.dat", 3)
     items = _titled_items(movies[0].astype(np.int64), movies[1], movies[2])
     if release == "10M":
@@ -1268,8 +1272,9 @@ def _movielens_100k(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFram
     its file's layout is one line naming the file and line (pandas read it as NaN: a rating
     "nan" or a missing field became label 0; a short u.item line was a KeyError traceback)."""
     ratings = _checked_ratings(_read_lines(path / "u.data", "user<TAB>item<TAB>rating<TAB>timestamp", sep="\t",
-                                           header=None, names=ML_RATING_COLUMNS, dtype=str), path / "u.data",
-                               "user<TAB>item<TAB>rating<TAB>timestamp", 1, "\t")
+                                           header=None, names=ML_RATING_COLUMNS, dtype=str, keep_default_na=False),
+                               path / "u.data",
+                               "user<TAB>item<TAB>rating<TAB>timestamp", 1, "\t", "100K")
     user_layout = "user|age|gender|occupation|zip"
     users = _read_lines(path / "u.user", user_layout, sep="|", header=None, names=ML_USER_COLUMNS,
                         dtype={"age": str, "zip_code": str})
@@ -1300,12 +1305,12 @@ def _codes(values: pd.Series) -> pd.Series:
     return numbers.astype("Int64") if whole else values
 
 
-def _double_colon_ratings(path: Path) -> pd.DataFrame:
+def _double_colon_ratings(path: Path, release: str) -> pd.DataFrame:
     """ratings.dat (``user::item::rating::timestamp``) by the C parser: ':' splits each ``::`` into
     an empty field between two values."""
     raw = _read_lines(path, "user::item::rating::timestamp", sep=":", header=None, usecols=[0, 2, 4, 6], dtype=str,
-                      encoding="latin-1")
-    return _checked_ratings(raw, path, "user::item::rating::timestamp", 1, ":")
+                      encoding="latin-1", keep_default_na=False)  # a rating 'nan' is text, named as off the scale
+    return _checked_ratings(raw, path, "user::item::rating::timestamp", 1, ":", release)
 
 
 def _read_lines(path: Path, layout: str, **options: Any) -> pd.DataFrame:
@@ -1358,18 +1363,26 @@ def _check_int64(values: pd.DataFrame, raw: pd.DataFrame, path: Path, first_line
                         "64 bits (MovieLens ids and timestamps are 64-bit integers)")
 
 
-def _checked_ratings(raw: pd.DataFrame, path: Path, layout: str, first_line: int, sep: str) -> pd.DataFrame:
+def _checked_ratings(raw: pd.DataFrame, path: Path, layout: str, first_line: int, sep: str,
+                     release: str) -> pd.DataFrame:
     """Ratings from the text columns user, item, rating, timestamp (in that order): a line with a
-    field missing or not a number (ids and time whole numbers) is DataError naming it (`first_line`:
-    the line of row 0)."""
+    field missing or not a number (ids and time whole numbers), or a rating off `release`'s scale
+    (`flowrec.data.stars`), is DataError naming it (`first_line`: the line of row 0)."""
     if raw.shape[1] != 4:
         raise DataError(f"{path}: {raw.shape[1]} fields a line, expected 4 ({layout})")
     values = raw.set_axis(range(4), axis=1).apply(pd.to_numeric, errors="coerce").astype(np.float64)
     whole = values[[0, 1, 3]]
-    bad = ~np.isfinite(values).all(axis=1) | (whole != np.floor(whole)).any(axis=1)
-    first = np.flatnonzero(bad.to_numpy())
+    rating = raw.iloc[:, 2].str.strip()  # a field missing (a short line) or empty: not the layout
+    bad = (~np.isfinite(whole).all(axis=1) | (whole != np.floor(whole)).any(axis=1) | rating.isna() | (rating == "")).to_numpy()
+    stars = off_scale(values[2].to_numpy(), release)  # 0, 6, 4.5 in 1M, nan, 'x'
+    first = np.flatnonzero(bad | stars)
     if len(first):
-        raise DataError(f"{path}:{_file_line(path, int(first[0]), first_line, sep)}: not {layout}")
+        row = int(first[0])
+        line = _file_line(path, row, first_line, sep)
+        if bad[row]:
+            raise DataError(f"{path}:{line}: not {layout}")
+        raise DataError(f"{path}:{line}: rating {rating.iat[row][:40]!r} is off the MovieLens {release} "
+                        f"release's scale ({scale_text(release)})")
     _check_int64(whole, raw.iloc[:, [0, 1, 3]], path, first_line, ["user", "item", "timestamp"], sep)
     return pd.DataFrame({"user_id": values[0].astype(np.int64), "item_id": values[1].astype(np.int64),
                          "rating": values[2], "timestamp": values[3].astype(np.int64)})
