@@ -33,6 +33,7 @@ import pyarrow.csv as pcsv
 from flowrec.data.csv_release import ReaderSlot, open_slot, readers_opened, tracked
 from flowrec.data.error_log import ErrorLog
 from flowrec.data.layout import META_FILE, DataError
+from flowrec.data.libsvm_tokens import TOKEN_FORM, is_number, token_column
 from flowrec.data.parquet_folder import file_columns, parquet_files
 from flowrec.data.sequences import HISTORY_COLUMN, TEST_COLUMN, next_item_rows, sequence_length
 from flowrec.data.stars import off_scale, scale_text
@@ -995,6 +996,7 @@ def _libsvm_chunks(fh: Any, path: Path, fields: list[str], fmap: dict[str, str] 
     None: every column). A file that cannot be read on (a truncated .gz: 'Truncated compressed
     stream', which named no file) is one line naming it."""
     lines_read = _ReadsNaming(fh, path)
+    known = set(fields) | set(fmap.values() if fmap is not None else ())
     lineno = 0
     while True:
         rows: dict[str, list] = {"label": [], **{n: [] for n in names}}
@@ -1003,7 +1005,7 @@ def _libsvm_chunks(fh: Any, path: Path, fields: list[str], fmap: dict[str, str] 
             lineno += 1
             if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte order mark, as the CSV
                 raw = raw[3:]  # formats skip it (it was a malformed first row: '\ufeff1')
-            parsed = _libsvm_line(raw, lineno, fields, fmap, numeric, log, read)
+            parsed = _libsvm_line(raw, lineno, fields, fmap, numeric, log, read, known)
             if parsed is not None:
                 for n in rows:
                     rows[n].append(parsed.get(n))
@@ -1031,7 +1033,10 @@ class _ReadsNaming:
 
 
 def _libsvm_line(raw: bytes, lineno: int, fields: list[str], fmap: dict[str, str] | None,
-                 numeric: set[str], log: ErrorLog, read: set[str] | None = None) -> dict[str, Any] | None:
+                 numeric: set[str], log: ErrorLog, read: set[str] | None = None,
+                 known: set[str] = frozenset()) -> dict[str, Any] | None:
+    """A line's row, or None (nothing, a comment, or a malformed row `log` took); `known`: every
+    column the options name (a libfm field is one of them)."""
     try:
         text = raw.decode("utf-8").strip()
     except UnicodeDecodeError:
@@ -1046,22 +1051,12 @@ def _libsvm_line(raw: bytes, lineno: int, fields: list[str], fmap: dict[str, str
         return None
     tokens = text.split()
     try:
-        out: dict[str, Any] = {"label": float(tokens[0])}
-        if abs(out["label"]) > FLOAT32_MAX:
-            raise ValueError(f"{_number_problem(out['label'])} {tokens[0]!r} in column label")
+        out: dict[str, Any] = {"label": _libsvm_label(tokens[0])}
         indices: set[tuple[str, str]] = set()  # (column, index) of the row's tokens: each once
         dense: dict[str, str] = {}  # dense column -> the index that gave its value
         # svmlight's query id (`1 qid:3 1:0.5`) is no feature: it took the first field's place by position
-        for pos, tok in enumerate(t for t in tokens[1:] if not t.startswith("qid:")):
-            parts = tok.split(":")
-            if len(parts) == 3:
-                name = fields[int(parts[0])] if parts[0].isdigit() and fields else parts[0]
-                idx, val = parts[1], parts[2]
-            elif len(parts) == 2:
-                idx, val = parts
-                name = fmap[idx] if fmap is not None else fields[pos]
-            else:
-                raise ValueError(f"token {tok!r} is not idx:val")
+        for pos, tok in enumerate(t for t in tokens[1:] if not _query_id(t)):
+            name, idx, val = token_column(tok, pos, fields, fmap, known)
             if (name, idx) in indices:  # `3:1 3:1` was the id '3^3', `4:0.1 4:0.9` the value 0.9, without a word
                 raise ValueError(f"index {idx} of column {name} twice in the row (an index is given once a row)")
             indices.add((name, idx))
@@ -1072,19 +1067,39 @@ def _libsvm_line(raw: bytes, lineno: int, fields: list[str], fmap: dict[str, str
                     raise ValueError(f"indices {dense[name]} and {idx} both give the dense column {name} (one value "
                                      "a row)")
                 dense[name] = idx
+                if not is_number(val) and val.lower().lstrip("+-") not in ("nan", "inf", "infinity"):
+                    raise ValueError(f"token {tok!r} has the value {val!r}, not a number, for the dense column {name}")
                 out[name] = float(val)
                 if abs(out[name]) > FLOAT32_MAX:  # nan is a missing value, as in text formats
                     raise ValueError(f"{_number_problem(out[name])} {val!r} in column {name}")
-            elif name in out:
-                out[name] = f"{out[name]}^{idx}"
             else:
-                out[name] = idx
+                if not is_number(val):  # `5:` or `5:x` gave the id 5, its value unread
+                    raise ValueError(f"token {tok!r} has the value {val!r}, not a number ({TOKEN_FORM})")
+                out[name] = f"{out[name]}^{idx}" if name in out else idx
         return out
-    except (ValueError, IndexError, KeyError) as exc:
-        reason = f"more tokens than fields ({len(fields)})" if isinstance(exc, IndexError) else (
-            f"unknown index {exc}" if isinstance(exc, KeyError) else str(exc))
-        log.add(lineno, reason, text)
+    except ValueError as exc:
+        log.add(lineno, str(exc), text)
         return None
+
+
+def _libsvm_label(text: str) -> float:
+    """A row's label, its first token: a number of float32's range (ValueError naming it else)."""
+    try:
+        label = float(text)
+    except ValueError:  # Python's "could not convert string to float" named neither the label nor the form
+        raise ValueError(f"label {text!r} is not a number (a libsvm row is: label index:value ...)") from None
+    if abs(label) > FLOAT32_MAX:
+        raise ValueError(f"{_number_problem(label)} {text!r} in column label")
+    return label
+
+
+def _query_id(token: str) -> bool:
+    """Whether `token` is svmlight's query id, ``qid:`` and a whole number (ValueError for another value)."""
+    if not token.startswith("qid:"):
+        return False
+    if not (token[4:].isascii() and token[4:].isdigit()):
+        raise ValueError(f"token {token!r} is a query id that is no whole number >= 0 (svmlight's qid:3)")
+    return True
 
 
 FILE_OPTIONS = ("feature_map",)  # data.options naming a file
