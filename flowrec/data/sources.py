@@ -1142,20 +1142,27 @@ def feature_map_of(options: dict[str, Any]) -> dict[str, str] | None:
 
 def _feature_map(path: Path) -> dict[str, str]:
     """The libsvm feature map: one ``index name`` line per index (blank lines skipped); a line of one
-    token or text that is not UTF-8 is one line naming the file (it was a dict() or codec message)."""
+    token, text that is not UTF-8, or an index given two columns (the last line's was taken, without
+    a word) is one line naming the file (it was a dict() or codec message)."""
     try:
         lines = path.read_text(encoding="utf-8").split("\n")
     except OSError as exc:
         raise DataError(f"cannot read feature map {path}: {exc.strerror}") from None
     except UnicodeDecodeError:
         raise DataError(f"feature map {path} is not UTF-8 text of 'index name' lines") from None
-    out = {}
+    out: dict[str, str] = {}
+    first: dict[str, int] = {}  # index -> the line that named its column
     for number, line in enumerate(lines, 1):
         tokens = line.split()
         if len(tokens) == 1:
             raise DataError(f"feature map {path}:{number}: {line.strip()[:40]!r} is not an 'index name' line")
+        if tokens and out.get(tokens[0], tokens[1]) != tokens[1]:
+            raise DataError(f"feature map {path}:{number}: index {tokens[0][:40]!r} is given the column "
+                            f"{tokens[1][:40]!r}, and the column {out[tokens[0]][:40]!r} on line {first[tokens[0]]} "
+                            "(an index is one column)")
         if tokens:
             out[tokens[0]] = tokens[1]
+            first.setdefault(tokens[0], number)
     return out
 
 

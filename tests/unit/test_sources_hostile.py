@@ -199,3 +199,27 @@ def test_libsvm_forms_the_format_allows_read_as_plain_rows(tmp_path: Path):
                                                    {"price"})))
     assert tables[0].equals(tables[1])
     assert tables[0].column("user").to_pylist() == ["5", "7", "0", "u12", "99999999999999999999999"]
+
+
+def test_a_feature_map_giving_an_index_two_columns_is_one_line_naming_both(tmp_path: Path):
+    """`3 user` and, later, `3 price` in a feature map read every index 3 as price (the last line's),
+    without a word. It is one line naming the map, both lines and both columns, and nothing is
+    read; a line repeated as it was (the same column) is no conflict."""
+    rng = np.random.default_rng()
+    n = int(rng.integers(4, 30))
+    names = [("user", "price")[i % 2] for i in range(n)]
+    map_lines = [f"{i + 1} {name}" for i, name in enumerate(names)]
+    first = int(rng.integers(0, n))
+    other = "price" if names[first] == "user" else "user"
+    again = map_lines + [map_lines[first]] + [f"{first + 1} {other}"]
+    (tmp_path / "map.txt").write_text("\n".join(again) + "\n")
+    path = tmp_path / "rows.libsvm"
+    path.write_text("1 1:1\n")
+    with pytest.raises(DataError) as info:
+        list(read_libsvm(path, {"feature_map": str(tmp_path / "map.txt")}, ErrorLog("fail", str(path)), {"price"}))
+    assert str(info.value) == (f"feature map {tmp_path / 'map.txt'}:{n + 2}: index '{first + 1}' is given the column "
+                               f"'{other}', and the column '{names[first]}' on line {first + 1} (an index is one column)")
+    (tmp_path / "map.txt").write_text("\n".join(map_lines + [map_lines[first]]) + "\n")
+    rows = pa.concat_tables(read_libsvm(path, {"feature_map": str(tmp_path / "map.txt")}, ErrorLog("fail", str(path)),
+                                        {"price"}))
+    assert rows.column("user").to_pylist() == ["1"]
