@@ -1276,14 +1276,17 @@ def _movielens_tables(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFr
                                    release)
         movies = _read_lines(path / "movies.csv", "movieId,title,genres", dtype=str, keep_default_na=False)
         ids = _whole_numbers(movies[["movieId"]], path / "movies.csv", "movieId,title,genres", 2, ",")["movieId"]
+        _one_line_each(ids, path / "movies.csv", 2, ",", "movie")
         items = _titled_items(ids.astype(np.int64), movies["title"], movies["genres"])
         return ratings, no_users, items
     ratings = _double_colon_ratings(path / "ratings.dat", release)
     movies = _double_colon_lines(path / "movies.dat", 3)
+    _one_line_each(movies[0].astype(np.int64), path / "movies.dat", 1, ":", "movie")
     items = _titled_items(movies[0].astype(np.int64), movies[1], movies[2])
     if release == "10M":
         return ratings, no_users, items
     users = _double_colon_lines(path / "users.dat", 5)
+    _one_line_each(users[0].astype(np.int64), path / "users.dat", 1, ":", "user")
     users = pd.DataFrame({"user_id": users[0].astype(np.int64), "age": _codes(users[2]), "gender": users[1],
                           "occupation": _codes(users[3]), "zip_code": users[4]})
     return ratings, users, items
@@ -1300,7 +1303,8 @@ def _movielens_100k(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFram
     user_layout = "user|age|gender|occupation|zip"
     users = _read_lines(path / "u.user", user_layout, sep="|", header=None, names=ML_USER_COLUMNS,
                         dtype={"age": str, "zip_code": str})
-    _whole_numbers(users[["user_id"]], path / "u.user", user_layout, 1, "|")
+    _one_line_each(_whole_numbers(users[["user_id"]], path / "u.user", user_layout, 1, "|")["user_id"], path / "u.user",
+                   1, "|", "user")
     users["age"] = _codes(users["age"])
     genre_names = [line.split("|")[0] for line in (path / "u.genre").read_text("latin-1").splitlines() if line]
     item_layout = f"item|title|date|video date|url|{ML_GENRES_COUNT} genre flags"
@@ -1308,7 +1312,8 @@ def _movielens_100k(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFram
     if items.shape[1] != 5 + ML_GENRES_COUNT:
         raise DataError(f"{path / 'u.item'}: {items.shape[1]} '|'-separated fields, expected {5 + ML_GENRES_COUNT} "
                         f"({item_layout})")
-    _whole_numbers(items[[0]].set_axis(["item"], axis=1), path / "u.item", item_layout, 1, "|")
+    _one_line_each(_whole_numbers(items[[0]].set_axis(["item"], axis=1), path / "u.item", item_layout, 1, "|")["item"],
+                   path / "u.item", 1, "|", "movie")
     flags = items.iloc[:, -ML_GENRES_COUNT:].to_numpy(bool)
     items = pd.DataFrame({
         "item_id": items[0],
@@ -1316,6 +1321,19 @@ def _movielens_100k(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFram
         "genres": [[g for g, on in zip(genre_names, row) if on] for row in flags],
     })
     return ratings, users, items
+
+
+def _one_line_each(ids: pd.Series, path: Path, first_line: int, sep: str, what: str) -> None:
+    """Raise DataError naming the line where an id of `ids` (a users or movies file's, row by row;
+    `first_line`, `sep` as `_file_line`'s) is given again: joined to the ratings, each of its lines
+    repeated every rating of that user or movie (the rows doubled, their line numbers shifted)."""
+    again = np.flatnonzero(ids.duplicated().to_numpy())
+    if len(again):
+        row = int(again[0])
+        first = int(np.flatnonzero((ids == ids.iat[row]).to_numpy())[0])
+        raise DataError(f"{path}:{_file_line(path, row, first_line, sep)}: {what} {ids.iat[row]:.0f} again (its line "
+                        f"{_file_line(path, first, first_line, sep)} gives it first): a {what} is one line, or its "
+                        "ratings would be read once for each")
 
 
 def _codes(values: pd.Series) -> pd.Series:

@@ -347,3 +347,29 @@ def test_half_stars_are_read_where_the_release_rates_in_them(tmp_path: Path, rel
     got = _read(_release(tmp_path / "ml", release, stars))
     assert got["rating"].to_pylist() == [0.5 * k for k in range(1, 11)]
     assert got["label"].to_pylist() == [float(k >= 8) for k in range(1, 11)]
+
+
+ITEM_100K = "|Film (1995)|01-Jan-1995||http://x" + "|0" * 19 + "\n"
+GIVEN_AGAIN = {  # folder maker -> (file, line of the id again, the id, its first line, user or movie)
+    "100k_user": (lambda d: (_100k(d, "1\t2\t5\t881250949\n"), (d / "ml" / "u.user").write_text(
+        "1|24|M|technician|85711\n2|30|F|writer|12345\n\n1|53|F|other|54321\n"))[0], "u.user", 4, 1, 1, "user"),
+    "100k_item": (lambda d: _100k(d, "1\t2\t5\t881250949\n", f"2{ITEM_100K}3{ITEM_100K}2{ITEM_100K}"),
+                  "u.item", 3, 2, 1, "movie"),
+    "1m_user": (lambda d: _1m(d / "ml", users="3::M::1::3::12345\n1::M::25::3::12345\n"), "users.dat", 3, 1, 1, "user"),
+    "1m_movie": (lambda d: _1m(d / "ml", movies="\n02::Film again (2001)::Comedy\n"), "movies.dat", 3, 2, 1, "movie"),
+    "20m_movie": (lambda d: _20m(d / "ml", movies="5,Other (1990),Drama\n2,Film again (2001),Comedy\n"),
+                  "movies.csv", 4, 2, 2, "movie"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GIVEN_AGAIN))
+def test_a_user_or_movie_given_twice_is_one_line_naming_both_lines(tmp_path: Path, case: str):
+    """A users or movies file giving an id on two lines was joined to the ratings as it stood: each
+    rating of that user or movie became one row per line (2 ratings were 4 rows, their line numbers
+    shifted), without a word. It is one line naming the file, both lines and the id."""
+    make, name, line, key, first, what = GIVEN_AGAIN[case]
+    folder = make(tmp_path)
+    with pytest.raises(DataError) as info:
+        _read(folder)
+    assert str(info.value) == (f"{folder / name}:{line}: {what} {key} again (its line {first} gives it first): a "
+                               f"{what} is one line, or its ratings would be read once for each")
