@@ -40,17 +40,20 @@ def token_column(tok: str, pos: int, fields: list[str], fmap: dict[str, str] | N
             index the feature map lacks ('unknown index'), more tokens than fields.
     """
     parts = tok.split(":")
-    if len(parts) not in (2, 3):
+    if len(parts) == 2:
+        field, (idx, val) = None, parts
+    elif len(parts) == 3:
+        field, idx, val = parts
+    else:
         raise ValueError(f"token {tok!r} has {len(parts) - 1} colons ({TOKEN_FORM})")
-    empty = [what for what, part in zip(("field", "index", "value")[3 - len(parts):], parts) if not part]
-    if empty:
+    if not (idx and val and field != ""):
+        empty = [what for what, part in zip(("field", "index", "value")[3 - len(parts):], parts) if not part]
         raise ValueError(f"token {tok!r} has an empty {' and an empty '.join(empty)} ({TOKEN_FORM})")
-    *field, idx, val = parts
-    if _NUMBER.fullmatch(idx) and not (idx.isascii() and idx.isdigit()):
+    if not (idx.isdigit() and idx.isascii()) and _NUMBER.fullmatch(idx):  # digits first: most indices
         raise ValueError(f"token {tok!r} has the index {idx!r}: an index written as a number is a whole number "
                          f">= 0 ({TOKEN_FORM})")
-    if field:
-        return _field_column(tok, field[0], fields, known), idx, val
+    if field is not None:
+        return _field_column(tok, field, fields, known), idx, val
     if fmap is not None:
         if idx not in fmap:
             raise ValueError(f"unknown index {idx!r}")
@@ -66,16 +69,17 @@ def is_number(text: str) -> bool:
     >>> [is_number(t) for t in ("1", "-0.5", "1e-3", "", "x", "nan")]
     [True, True, True, False, False, False]
     """
-    return bool(_NUMBER.fullmatch(text))
+    return (text.isdigit() and text.isascii()) or bool(_NUMBER.fullmatch(text))  # digits first: most values
 
 
 def _field_column(tok: str, field: str, fields: list[str], known: set[str]) -> str:
     """The column of a libfm token's field: by number in `fields`, else by name."""
-    if field.isascii() and field.isdigit() and fields:
-        if int(field) >= len(fields):
+    if field.isdigit() and fields and field.isascii():
+        number = int(field)
+        if number >= len(fields):
             raise ValueError(f"token {tok!r} gives the field {field}, past the {len(fields)} of the fields option "
                              f"(libfm's fields count from 0)")
-        return fields[int(field)]
+        return fields[number]
     if field not in known:
         raise ValueError(f"token {tok!r} gives the field {field!r}, which names no column (the columns: "
                          f"{', '.join(sorted(known))[:200]})")

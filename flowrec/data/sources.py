@@ -1055,7 +1055,7 @@ def _libsvm_line(raw: bytes, lineno: int, fields: list[str], fmap: dict[str, str
         indices: set[tuple[str, str]] = set()  # (column, index) of the row's tokens: each once
         dense: dict[str, str] = {}  # dense column -> the index that gave its value
         # svmlight's query id (`1 qid:3 1:0.5`) is no feature: it took the first field's place by position
-        for pos, tok in enumerate(t for t in tokens[1:] if not _query_id(t)):
+        for pos, tok in enumerate(t for t in tokens[1:] if not (t.startswith("qid:") and _query_id(t))):
             name, idx, val = token_column(tok, pos, fields, fmap, known)
             if (name, idx) in indices:  # `3:1 3:1` was the id '3^3', `4:0.1 4:0.9` the value 0.9, without a word
                 raise ValueError(f"index {idx} of column {name} twice in the row (an index is given once a row)")
@@ -1067,9 +1067,7 @@ def _libsvm_line(raw: bytes, lineno: int, fields: list[str], fmap: dict[str, str
                     raise ValueError(f"indices {dense[name]} and {idx} both give the dense column {name} (one value "
                                      "a row)")
                 dense[name] = idx
-                if not is_number(val) and val.lower().lstrip("+-") not in ("nan", "inf", "infinity"):
-                    raise ValueError(f"token {tok!r} has the value {val!r}, not a number, for the dense column {name}")
-                out[name] = float(val)
+                out[name] = _dense_value(tok, val, name)
                 if abs(out[name]) > FLOAT32_MAX:  # nan is a missing value, as in text formats
                     raise ValueError(f"{_number_problem(out[name])} {val!r} in column {name}")
             else:
@@ -1080,6 +1078,17 @@ def _libsvm_line(raw: bytes, lineno: int, fields: list[str], fmap: dict[str, str
     except ValueError as exc:
         log.add(lineno, str(exc), text)
         return None
+
+
+def _dense_value(tok: str, val: str, name: str) -> float:
+    """The value `val` of the token `tok` for the dense column `name` (nan a missing value, inf its
+    own malformed row): ValueError naming it where it is no number (Python's float read `1_000`)."""
+    try:
+        if "_" in val:
+            raise ValueError
+        return float(val)
+    except ValueError:
+        raise ValueError(f"token {tok!r} has the value {val!r}, not a number, for the dense column {name}") from None
 
 
 def _libsvm_label(text: str) -> float:
@@ -1094,9 +1103,7 @@ def _libsvm_label(text: str) -> float:
 
 
 def _query_id(token: str) -> bool:
-    """Whether `token` is svmlight's query id, ``qid:`` and a whole number (ValueError for another value)."""
-    if not token.startswith("qid:"):
-        return False
+    """True for svmlight's query id, ``qid:`` and a whole number (ValueError for another value)."""
     if not (token[4:].isascii() and token[4:].isdigit()):
         raise ValueError(f"token {token!r} is a query id that is no whole number >= 0 (svmlight's qid:3)")
     return True
