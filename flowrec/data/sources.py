@@ -33,8 +33,10 @@ import pyarrow.csv as pcsv
 from flowrec.data.csv_release import ReaderSlot, open_slot, readers_opened, tracked
 from flowrec.data.error_log import ErrorLog
 from flowrec.data.layout import META_FILE, DataError
+from flowrec.data.libsvm_tokens import TOKEN_FORM, is_number, token_column
 from flowrec.data.parquet_folder import file_columns, parquet_files
 from flowrec.data.sequences import HISTORY_COLUMN, TEST_COLUMN, next_item_rows, sequence_length
+from flowrec.data.stars import off_scale, scale_text
 from flowrec.spec.model import FORMAT_ALIASES  # criteo, avazu, libfm: the readers' short names
 
 CHUNK_BYTES = 16 << 20  # bytes of text per streamed chunk
@@ -994,6 +996,7 @@ def _libsvm_chunks(fh: Any, path: Path, fields: list[str], fmap: dict[str, str] 
     None: every column). A file that cannot be read on (a truncated .gz: 'Truncated compressed
     stream', which named no file) is one line naming it."""
     lines_read = _ReadsNaming(fh, path)
+    known = set(fields) | set(fmap.values() if fmap is not None else ())
     lineno = 0
     while True:
         rows: dict[str, list] = {"label": [], **{n: [] for n in names}}
@@ -1002,7 +1005,7 @@ def _libsvm_chunks(fh: Any, path: Path, fields: list[str], fmap: dict[str, str] 
             lineno += 1
             if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte order mark, as the CSV
                 raw = raw[3:]  # formats skip it (it was a malformed first row: '\ufeff1')
-            parsed = _libsvm_line(raw, lineno, fields, fmap, numeric, log, read)
+            parsed = _libsvm_line(raw, lineno, fields, fmap, numeric, log, read, known)
             if parsed is not None:
                 for n in rows:
                     rows[n].append(parsed.get(n))
@@ -1030,7 +1033,10 @@ class _ReadsNaming:
 
 
 def _libsvm_line(raw: bytes, lineno: int, fields: list[str], fmap: dict[str, str] | None,
-                 numeric: set[str], log: ErrorLog, read: set[str] | None = None) -> dict[str, Any] | None:
+                 numeric: set[str], log: ErrorLog, read: set[str] | None = None,
+                 known: set[str] = frozenset()) -> dict[str, Any] | None:
+    """A line's row, or None (nothing, a comment, or a malformed row `log` took); `known`: every
+    column the options name (a libfm field is one of them)."""
     try:
         text = raw.decode("utf-8").strip()
     except UnicodeDecodeError:
@@ -1045,22 +1051,12 @@ def _libsvm_line(raw: bytes, lineno: int, fields: list[str], fmap: dict[str, str
         return None
     tokens = text.split()
     try:
-        out: dict[str, Any] = {"label": float(tokens[0])}
-        if abs(out["label"]) > FLOAT32_MAX:
-            raise ValueError(f"{_number_problem(out['label'])} {tokens[0]!r} in column label")
+        out: dict[str, Any] = {"label": _libsvm_label(tokens[0])}
         indices: set[tuple[str, str]] = set()  # (column, index) of the row's tokens: each once
         dense: dict[str, str] = {}  # dense column -> the index that gave its value
         # svmlight's query id (`1 qid:3 1:0.5`) is no feature: it took the first field's place by position
-        for pos, tok in enumerate(t for t in tokens[1:] if not t.startswith("qid:")):
-            parts = tok.split(":")
-            if len(parts) == 3:
-                name = fields[int(parts[0])] if parts[0].isdigit() and fields else parts[0]
-                idx, val = parts[1], parts[2]
-            elif len(parts) == 2:
-                idx, val = parts
-                name = fmap[idx] if fmap is not None else fields[pos]
-            else:
-                raise ValueError(f"token {tok!r} is not idx:val")
+        for pos, tok in enumerate(t for t in tokens[1:] if not (t.startswith("qid:") and _query_id(t))):
+            name, idx, val = token_column(tok, pos, fields, fmap, known)
             if (name, idx) in indices:  # `3:1 3:1` was the id '3^3', `4:0.1 4:0.9` the value 0.9, without a word
                 raise ValueError(f"index {idx} of column {name} twice in the row (an index is given once a row)")
             indices.add((name, idx))
@@ -1071,19 +1067,46 @@ def _libsvm_line(raw: bytes, lineno: int, fields: list[str], fmap: dict[str, str
                     raise ValueError(f"indices {dense[name]} and {idx} both give the dense column {name} (one value "
                                      "a row)")
                 dense[name] = idx
-                out[name] = float(val)
+                out[name] = _dense_value(tok, val, name)
                 if abs(out[name]) > FLOAT32_MAX:  # nan is a missing value, as in text formats
                     raise ValueError(f"{_number_problem(out[name])} {val!r} in column {name}")
-            elif name in out:
-                out[name] = f"{out[name]}^{idx}"
             else:
-                out[name] = idx
+                if not is_number(val):  # `5:` or `5:x` gave the id 5, its value unread
+                    raise ValueError(f"token {tok!r} has the value {val!r}, not a number ({TOKEN_FORM})")
+                out[name] = f"{out[name]}^{idx}" if name in out else idx
         return out
-    except (ValueError, IndexError, KeyError) as exc:
-        reason = f"more tokens than fields ({len(fields)})" if isinstance(exc, IndexError) else (
-            f"unknown index {exc}" if isinstance(exc, KeyError) else str(exc))
-        log.add(lineno, reason, text)
+    except ValueError as exc:
+        log.add(lineno, str(exc), text)
         return None
+
+
+def _dense_value(tok: str, val: str, name: str) -> float:
+    """The value `val` of the token `tok` for the dense column `name` (nan a missing value, inf its
+    own malformed row): ValueError naming it where it is no number (Python's float read `1_000`)."""
+    try:
+        if "_" in val:
+            raise ValueError
+        return float(val)
+    except ValueError:
+        raise ValueError(f"token {tok!r} has the value {val!r}, not a number, for the dense column {name}") from None
+
+
+def _libsvm_label(text: str) -> float:
+    """A row's label, its first token: a number of float32's range (ValueError naming it else)."""
+    try:
+        label = float(text)
+    except ValueError:  # Python's "could not convert string to float" named neither the label nor the form
+        raise ValueError(f"label {text!r} is not a number (a libsvm row is: label index:value ...)") from None
+    if abs(label) > FLOAT32_MAX:
+        raise ValueError(f"{_number_problem(label)} {text!r} in column label")
+    return label
+
+
+def _query_id(token: str) -> bool:
+    """True for svmlight's query id, ``qid:`` and a whole number (ValueError for another value)."""
+    if not (token[4:].isascii() and token[4:].isdigit()):
+        raise ValueError(f"token {token!r} is a query id that is no whole number >= 0 (svmlight's qid:3)")
+    return True
 
 
 FILE_OPTIONS = ("feature_map",)  # data.options naming a file
@@ -1126,20 +1149,27 @@ def feature_map_of(options: dict[str, Any]) -> dict[str, str] | None:
 
 def _feature_map(path: Path) -> dict[str, str]:
     """The libsvm feature map: one ``index name`` line per index (blank lines skipped); a line of one
-    token or text that is not UTF-8 is one line naming the file (it was a dict() or codec message)."""
+    token, text that is not UTF-8, or an index given two columns (the last line's was taken, without
+    a word) is one line naming the file (it was a dict() or codec message)."""
     try:
         lines = path.read_text(encoding="utf-8").split("\n")
     except OSError as exc:
         raise DataError(f"cannot read feature map {path}: {exc.strerror}") from None
     except UnicodeDecodeError:
         raise DataError(f"feature map {path} is not UTF-8 text of 'index name' lines") from None
-    out = {}
+    out: dict[str, str] = {}
+    first: dict[str, int] = {}  # index -> the line that named its column
     for number, line in enumerate(lines, 1):
         tokens = line.split()
         if len(tokens) == 1:
             raise DataError(f"feature map {path}:{number}: {line.strip()[:40]!r} is not an 'index name' line")
+        if tokens and out.get(tokens[0], tokens[1]) != tokens[1]:
+            raise DataError(f"feature map {path}:{number}: index {tokens[0][:40]!r} is given the column "
+                            f"{tokens[1][:40]!r}, and the column {out[tokens[0]][:40]!r} on line {first[tokens[0]]} "
+                            "(an index is one column)")
         if tokens:
             out[tokens[0]] = tokens[1]
+            first.setdefault(tokens[0], number)
     return out
 
 
@@ -1160,7 +1190,9 @@ def read_movielens(path: Path, options: dict[str, Any], log: ErrorLog, numeric: 
     (`flowrec.data.sequences`).
 
     Raises:
-        DataError: a folder of none of these releases, or an unreadable ratings line.
+        DataError: a folder of none of these releases, an unreadable ratings line, or a rating off
+            its release's scale (`flowrec.data.stars`: whole stars 1-5 in 100K and 1M, half stars
+            0.5-5 after).
     """
     del log, scoring  # read whole: a folder of its own files, scored by no package column list
     max_len = sequence_length(options)
@@ -1243,21 +1275,25 @@ def _movielens_tables(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFr
                              "gender": pd.Series(dtype=object), "occupation": pd.Series(dtype="Int64"),
                              "zip_code": pd.Series(dtype=object)})
     if release == "20M+":
-        raw = _read_lines(path / "ratings.csv", "userId,movieId,rating,timestamp", dtype=str)
+        raw = _read_lines(path / "ratings.csv", "userId,movieId,rating,timestamp", dtype=str, keep_default_na=False)
         wanted = ["userId", "movieId", "rating", "timestamp"]
         if not set(wanted) <= set(raw.columns):
             raise DataError(f"{path / 'ratings.csv'}: the header names {list(raw.columns)[:8]}, not {wanted}")
-        ratings = _checked_ratings(raw[wanted], path / "ratings.csv", "userId,movieId,rating,timestamp", 2, ",")
+        ratings = _checked_ratings(raw[wanted], path / "ratings.csv", "userId,movieId,rating,timestamp", 2, ",",
+                                   release)
         movies = _read_lines(path / "movies.csv", "movieId,title,genres", dtype=str, keep_default_na=False)
         ids = _whole_numbers(movies[["movieId"]], path / "movies.csv", "movieId,title,genres", 2, ",")["movieId"]
+        _one_line_each(ids, path / "movies.csv", 2, ",", "movie")
         items = _titled_items(ids.astype(np.int64), movies["title"], movies["genres"])
         return ratings, no_users, items
-    ratings = _double_colon_ratings(path / "ratings.dat")
+    ratings = _double_colon_ratings(path / "ratings.dat", release)
     movies = _double_colon_lines(path / "movies.dat", 3)
+    _one_line_each(movies[0].astype(np.int64), path / "movies.dat", 1, ":", "movie")
     items = _titled_items(movies[0].astype(np.int64), movies[1], movies[2])
     if release == "10M":
         return ratings, no_users, items
     users = _double_colon_lines(path / "users.dat", 5)
+    _one_line_each(users[0].astype(np.int64), path / "users.dat", 1, ":", "user")
     users = pd.DataFrame({"user_id": users[0].astype(np.int64), "age": _codes(users[2]), "gender": users[1],
                           "occupation": _codes(users[3]), "zip_code": users[4]})
     return ratings, users, items
@@ -1268,12 +1304,14 @@ def _movielens_100k(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFram
     its file's layout is one line naming the file and line (pandas read it as NaN: a rating
     "nan" or a missing field became label 0; a short u.item line was a KeyError traceback)."""
     ratings = _checked_ratings(_read_lines(path / "u.data", "user<TAB>item<TAB>rating<TAB>timestamp", sep="\t",
-                                           header=None, names=ML_RATING_COLUMNS, dtype=str), path / "u.data",
-                               "user<TAB>item<TAB>rating<TAB>timestamp", 1, "\t")
+                                           header=None, names=ML_RATING_COLUMNS, dtype=str, keep_default_na=False),
+                               path / "u.data",
+                               "user<TAB>item<TAB>rating<TAB>timestamp", 1, "\t", "100K")
     user_layout = "user|age|gender|occupation|zip"
     users = _read_lines(path / "u.user", user_layout, sep="|", header=None, names=ML_USER_COLUMNS,
                         dtype={"age": str, "zip_code": str})
-    _whole_numbers(users[["user_id"]], path / "u.user", user_layout, 1, "|")
+    _one_line_each(_whole_numbers(users[["user_id"]], path / "u.user", user_layout, 1, "|")["user_id"], path / "u.user",
+                   1, "|", "user")
     users["age"] = _codes(users["age"])
     genre_names = [line.split("|")[0] for line in (path / "u.genre").read_text("latin-1").splitlines() if line]
     item_layout = f"item|title|date|video date|url|{ML_GENRES_COUNT} genre flags"
@@ -1281,7 +1319,8 @@ def _movielens_100k(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFram
     if items.shape[1] != 5 + ML_GENRES_COUNT:
         raise DataError(f"{path / 'u.item'}: {items.shape[1]} '|'-separated fields, expected {5 + ML_GENRES_COUNT} "
                         f"({item_layout})")
-    _whole_numbers(items[[0]].set_axis(["item"], axis=1), path / "u.item", item_layout, 1, "|")
+    _one_line_each(_whole_numbers(items[[0]].set_axis(["item"], axis=1), path / "u.item", item_layout, 1, "|")["item"],
+                   path / "u.item", 1, "|", "movie")
     flags = items.iloc[:, -ML_GENRES_COUNT:].to_numpy(bool)
     items = pd.DataFrame({
         "item_id": items[0],
@@ -1289,6 +1328,19 @@ def _movielens_100k(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFram
         "genres": [[g for g, on in zip(genre_names, row) if on] for row in flags],
     })
     return ratings, users, items
+
+
+def _one_line_each(ids: pd.Series, path: Path, first_line: int, sep: str, what: str) -> None:
+    """Raise DataError naming the line where an id of `ids` (a users or movies file's, row by row;
+    `first_line`, `sep` as `_file_line`'s) is given again: joined to the ratings, each of its lines
+    repeated every rating of that user or movie (the rows doubled, their line numbers shifted)."""
+    again = np.flatnonzero(ids.duplicated().to_numpy())
+    if len(again):
+        row = int(again[0])
+        first = int(np.flatnonzero((ids == ids.iat[row]).to_numpy())[0])
+        raise DataError(f"{path}:{_file_line(path, row, first_line, sep)}: {what} {ids.iat[row]:.0f} again (its line "
+                        f"{_file_line(path, first, first_line, sep)} gives it first): a {what} is one line, or its "
+                        "ratings would be read once for each")
 
 
 def _codes(values: pd.Series) -> pd.Series:
@@ -1300,12 +1352,12 @@ def _codes(values: pd.Series) -> pd.Series:
     return numbers.astype("Int64") if whole else values
 
 
-def _double_colon_ratings(path: Path) -> pd.DataFrame:
+def _double_colon_ratings(path: Path, release: str) -> pd.DataFrame:
     """ratings.dat (``user::item::rating::timestamp``) by the C parser: ':' splits each ``::`` into
     an empty field between two values."""
     raw = _read_lines(path, "user::item::rating::timestamp", sep=":", header=None, usecols=[0, 2, 4, 6], dtype=str,
-                      encoding="latin-1")
-    return _checked_ratings(raw, path, "user::item::rating::timestamp", 1, ":")
+                      encoding="latin-1", keep_default_na=False)  # a rating 'nan' is text, named as off the scale
+    return _checked_ratings(raw, path, "user::item::rating::timestamp", 1, ":", release)
 
 
 def _read_lines(path: Path, layout: str, **options: Any) -> pd.DataFrame:
@@ -1358,18 +1410,26 @@ def _check_int64(values: pd.DataFrame, raw: pd.DataFrame, path: Path, first_line
                         "64 bits (MovieLens ids and timestamps are 64-bit integers)")
 
 
-def _checked_ratings(raw: pd.DataFrame, path: Path, layout: str, first_line: int, sep: str) -> pd.DataFrame:
+def _checked_ratings(raw: pd.DataFrame, path: Path, layout: str, first_line: int, sep: str,
+                     release: str) -> pd.DataFrame:
     """Ratings from the text columns user, item, rating, timestamp (in that order): a line with a
-    field missing or not a number (ids and time whole numbers) is DataError naming it (`first_line`:
-    the line of row 0)."""
+    field missing or not a number (ids and time whole numbers), or a rating off `release`'s scale
+    (`flowrec.data.stars`), is DataError naming it (`first_line`: the line of row 0)."""
     if raw.shape[1] != 4:
         raise DataError(f"{path}: {raw.shape[1]} fields a line, expected 4 ({layout})")
     values = raw.set_axis(range(4), axis=1).apply(pd.to_numeric, errors="coerce").astype(np.float64)
     whole = values[[0, 1, 3]]
-    bad = ~np.isfinite(values).all(axis=1) | (whole != np.floor(whole)).any(axis=1)
-    first = np.flatnonzero(bad.to_numpy())
+    rating = raw.iloc[:, 2].str.strip()  # a field missing (a short line) or empty: not the layout
+    bad = (~np.isfinite(whole).all(axis=1) | (whole != np.floor(whole)).any(axis=1) | rating.isna() | (rating == "")).to_numpy()
+    stars = off_scale(values[2].to_numpy(), release)  # 0, 6, 4.5 in 1M, nan, 'x'
+    first = np.flatnonzero(bad | stars)
     if len(first):
-        raise DataError(f"{path}:{_file_line(path, int(first[0]), first_line, sep)}: not {layout}")
+        row = int(first[0])
+        line = _file_line(path, row, first_line, sep)
+        if bad[row]:
+            raise DataError(f"{path}:{line}: not {layout}")
+        raise DataError(f"{path}:{line}: rating {rating.iat[row][:40]!r} is off the MovieLens {release} "
+                        f"release's scale ({scale_text(release)})")
     _check_int64(whole, raw.iloc[:, [0, 1, 3]], path, first_line, ["user", "item", "timestamp"], sep)
     return pd.DataFrame({"user_id": values[0].astype(np.int64), "item_id": values[1].astype(np.int64),
                          "rating": values[2], "timestamp": values[3].astype(np.int64)})

@@ -10,9 +10,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from flowrec.data.convert import convert
 from flowrec.data.error_log import ErrorLog
 from flowrec.data.layout import DataError
 from flowrec.data.sources import movielens_release, read_movielens
+from flowrec.spec import load_spec
 
 COLUMNS = ["user_id", "item_id", "rating", "timestamp", "age", "gender", "occupation", "zip_code", "genres",
            "release_year", "label", "rating_5", "__line__"]
@@ -150,7 +152,7 @@ def _100k(tmp_path: Path, data: str, item: str = "2|Film (1995)|01-Jan-1995||htt
 
 
 @pytest.mark.parametrize("data, item, expected", [
-    ("1\t2\t5\t881250949\n1\t2\tnan\t881250950\n", None, r"u.data:2: not user<TAB>item<TAB>rating<TAB>timestamp"),
+    ("1\t2\t5\t881250949\n1\t2\tnan\t881250950\n", None, r"u.data:2: rating 'nan' is off the MovieLens 100K"),
     ("1\t2\t5\t881250949\n1\t2\t4\n", None, r"u.data:2: not user"),
     ("1\t2\t5\t881250949\nx\t2\t4\t881250950\n", None, r"u.data:2: not user"),
     ("1\t2\t5\t881250949\n1\t2\t4\t881250950\t7\n", None, r"u.data: not user<TAB>item<TAB>rating<TAB>timestamp lines"),
@@ -169,7 +171,7 @@ BLANK_LINES_BEFORE = {  # folder maker -> the file and line the error names
     "100k_data": (lambda d: _100k(d, "1\t2\t5\t881250949\n\n  \n1\t2\t4\t881250950\n1\tx\t4\t881250951\n"),
                   r"u.data:5: not user<TAB>item"),
     "100k_data_crlf": (lambda d: _100k(d, "1\t2\t5\t881250949\r\n\r\n1\t2\tnan\t881250950\r\n"),
-                       r"u.data:3: not user<TAB>item"),
+                       r"u.data:3: rating 'nan' is off"),
     "100k_data_64": (lambda d: _100k(d, f"\n1\t2\t5\t881250949\n\n1\t2\t4\t{BIG}\n"), r"u.data:4: timestamp '1234"),
     "100k_user": (lambda d: (_100k(d, "1\t2\t5\t881250949\n"), (d / "ml" / "u.user").write_text(
         "1|24|M|technician|85711\n\n\nx|30|F|writer|12345\n"))[0], r"u.user:4: not user\|age"),
@@ -283,3 +285,91 @@ def test_a_release_file_that_is_no_file_or_missing_is_named(tmp_path: Path, kind
     with pytest.raises(DataError, match=rf"^{tmp_path} is not a MovieLens folder: it lacks u\.user of the 100K release "
                                         r"\(the files of every release: 100K: u\.data"):
         movielens_release(tmp_path)
+
+
+OFF_SCALE = [  # (release, rating): whole stars 1-5 in 100K and 1M, half stars 0.5-5 in 10M and later
+    ("100K", "0"), ("100K", "6"), ("100K", "-3"), ("100K", "4.5"), ("100K", "nan"), ("1M", "4.5"), ("1M", "0"),
+    ("1M", "NaN"), ("10M", "0"), ("10M", "5.5"), ("10M", "4.25"), ("10M", "-3"), ("20M+", "6"), ("20M+", "0.25"),
+    ("20M+", "0"), ("20M+", "nan"), ("20M+", "inf"),
+]
+SCALES = {"100K": "whole stars 1 to 5", "1M": "whole stars 1 to 5", "10M": "half stars 0.5 to 5",
+          "20M+": "half stars 0.5 to 5"}
+
+
+def _release(folder: Path, release: str, ratings: list[str]) -> Path:
+    """A folder of `release` whose ratings file holds `ratings` (users 1-3, items 2-3), after a blank line."""
+    rows = [(1 + i % 3, 2 + i % 2, r, 881250949 + i) for i, r in enumerate(ratings)]
+    if release == "100K":
+        return _100k(folder.parent, "\n" + "".join(f"{u}\t{m}\t{r}\t{t}\n" for u, m, r, t in rows),
+                     "2|Film (1995)|01-Jan-1995||http://x" + "|0" * 19 + "\n3|Other (1996)|01-Jan-1996||http://y"
+                     + "|0" * 19 + "\n")
+    folder.mkdir()
+    if release == "20M+":
+        (folder / "ratings.csv").write_text("userId,movieId,rating,timestamp\n\n"
+                                            + "".join(f"{u},{m},{r},{t}\n" for u, m, r, t in rows))
+        (folder / "movies.csv").write_text("movieId,title,genres\n2,Film (1995),Drama\n3,Other (1996),Comedy\n")
+        return folder
+    (folder / "ratings.dat").write_text("\n" + "".join(f"{u}::{m}::{r}::{t}\n" for u, m, r, t in rows))
+    (folder / "movies.dat").write_text("2::Film (1995)::Drama\n3::Other (1996)::Comedy\n")
+    if release == "1M":
+        (folder / "users.dat").write_text("1::F::25::10::48067\n2::M::1::3::12345\n3::F::56::1::54321\n")
+    return folder
+
+
+@pytest.mark.parametrize("release, rating", OFF_SCALE, ids=[f"{r}_{v}" for r, v in OFF_SCALE])
+def test_a_rating_off_its_releases_scale_is_one_line_naming_it(tmp_path: Path, release: str, rating: str):
+    """A rating of 0, 6, -3, nan, or 4.5 where the release rates in whole stars, was read as a
+    rating and turned into a label (rating >= 4) without a word. It is one line naming the file,
+    the line (a blank one before it counted), the value and the release's scale; `data convert`
+    of such a folder writes nothing."""
+    rng = np.random.default_rng()
+    good = [str(v) for v in rng.integers(1, 6, int(rng.integers(3, 30)))]
+    bad = int(rng.integers(0, len(good) + 1))
+    folder = _release(tmp_path / "ml", release, good[:bad] + [rating] + good[bad:])
+    assert movielens_release(folder) == release
+    name = {"100K": "u.data", "20M+": "ratings.csv"}.get(release, "ratings.dat")
+    line = bad + 2 + (release == "20M+")  # the blank line first, the header before it
+    expected = (f"{folder / name}:{line}: rating {rating!r} is off the MovieLens {release} release's scale "
+                f"({SCALES[release]})")
+    with pytest.raises(DataError) as info:
+        _read(folder)
+    assert str(info.value) == expected
+    out = tmp_path / "out"
+    with pytest.raises(DataError) as info:
+        convert(load_spec(Path(__file__).parents[2] / "specs" / "movielens.yaml"), "movielens", [folder], out)
+    assert str(info.value) == expected and not out.exists()
+
+
+@pytest.mark.parametrize("release", ["10M", "20M+"])
+def test_half_stars_are_read_where_the_release_rates_in_them(tmp_path: Path, release: str):
+    """10M and later rate in half stars, 0.5 to 5: every one of them is a rating (4.5 a liked one)."""
+    stars = [f"{0.5 * k:g}" for k in range(1, 11)]
+    got = _read(_release(tmp_path / "ml", release, stars))
+    assert got["rating"].to_pylist() == [0.5 * k for k in range(1, 11)]
+    assert got["label"].to_pylist() == [float(k >= 8) for k in range(1, 11)]
+
+
+ITEM_100K = "|Film (1995)|01-Jan-1995||http://x" + "|0" * 19 + "\n"
+GIVEN_AGAIN = {  # folder maker -> (file, line of the id again, the id, its first line, user or movie)
+    "100k_user": (lambda d: (_100k(d, "1\t2\t5\t881250949\n"), (d / "ml" / "u.user").write_text(
+        "1|24|M|technician|85711\n2|30|F|writer|12345\n\n1|53|F|other|54321\n"))[0], "u.user", 4, 1, 1, "user"),
+    "100k_item": (lambda d: _100k(d, "1\t2\t5\t881250949\n", f"2{ITEM_100K}3{ITEM_100K}2{ITEM_100K}"),
+                  "u.item", 3, 2, 1, "movie"),
+    "1m_user": (lambda d: _1m(d / "ml", users="3::M::1::3::12345\n1::M::25::3::12345\n"), "users.dat", 3, 1, 1, "user"),
+    "1m_movie": (lambda d: _1m(d / "ml", movies="\n02::Film again (2001)::Comedy\n"), "movies.dat", 3, 2, 1, "movie"),
+    "20m_movie": (lambda d: _20m(d / "ml", movies="5,Other (1990),Drama\n2,Film again (2001),Comedy\n"),
+                  "movies.csv", 4, 2, 2, "movie"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GIVEN_AGAIN))
+def test_a_user_or_movie_given_twice_is_one_line_naming_both_lines(tmp_path: Path, case: str):
+    """A users or movies file giving an id on two lines was joined to the ratings as it stood: each
+    rating of that user or movie became one row per line (2 ratings were 4 rows, their line numbers
+    shifted), without a word. It is one line naming the file, both lines and the id."""
+    make, name, line, key, first, what = GIVEN_AGAIN[case]
+    folder = make(tmp_path)
+    with pytest.raises(DataError) as info:
+        _read(folder)
+    assert str(info.value) == (f"{folder / name}:{line}: {what} {key} again (its line {first} gives it first): a "
+                               f"{what} is one line, or its ratings would be read once for each")

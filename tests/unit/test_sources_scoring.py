@@ -100,7 +100,7 @@ def test_libfm_leaves_the_values_of_unread_columns_unread(tmp_path: Path) -> Non
     got = _read("libfm", path, Scoring(WANTED), {"price", "score"}, **options)
     assert set(got.column_names) == WANTED | {"label", LINE_COLUMN} and got.num_rows == n
     assert got.column("user").to_pylist() == rows["user"] and got.column("price").to_pylist() == rows["price"]
-    with pytest.raises(DataError, match=f":{bad + 1}: could not convert"):  # every column read: malformed
+    with pytest.raises(DataError, match=f":{bad + 1}: token 'score:0:oops' has the value 'oops', not a number"):  # every column read: malformed
         _read("libfm", path, None, {"price", "score"}, **options)
 
 
