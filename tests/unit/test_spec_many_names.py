@@ -1,0 +1,152 @@
+"""Large, wrong specs are checked in work that grows with the spec, not with its square.
+
+A generated spec of 4,000 module inputs naming unknown fields took 199 s to refuse: every unknown
+name ran difflib's did-you-mean against every known name (and the per-tag selector checks rescanned
+every feature per tag). The first `SUGGESTED` unknown names of a check keep their line and their
+did-you-mean, exactly as before; one line counts the rest. The tests count the matcher's work and
+the features' tag reads, never time.
+"""
+from __future__ import annotations
+
+import difflib
+import random
+from typing import Any
+
+import pytest
+
+from flowrec.spec import schema_errors
+from flowrec.spec.schema_errors import SUGGESTED, did_you_mean
+from flowrec.spec.validate import validate_document
+from flowrec.spec.view import Item
+
+FIELDS = 2000  # known names: the old code scored each unknown name against all of them (4M ratios)
+
+
+def _spec(fields: int = FIELDS, inputs: tuple[str, ...] = (), tags: bool = False) -> dict[str, Any]:
+    features = [{"name": f"field_{i:05d}", "type": "categorical", "hash_buckets": 100, "dim": 8,
+                 **({"tags": [f"tag{i}"]} if tags else {})} for i in range(fields)]
+    reads = [f"@tag{i}" for i in range(fields)] if tags else ["@sparse"]
+    return {"name": "m", "features": features,
+            "modules": [{"name": "deep", "kind": "mlp", "inputs": [*reads, *inputs], "layers": [8, 1]}],
+            "heads": [{"name": "ctr", "input": "deep"}]}
+
+
+def _lines(doc: dict) -> list[str]:
+    return [str(i) for i in validate_document(doc)]
+
+
+class _Budget:
+    """Counts calls and fails the test past `limit` (so the old code fails at once, not in minutes)."""
+
+    def __init__(self, limit: int, what: str) -> None:
+        self.limit, self.what, self.calls = limit, what, 0
+
+    def spend(self) -> None:
+        self.calls += 1
+        if self.calls > self.limit:
+            pytest.fail(f"more than {self.limit:,} {self.what}: the work grows with the square of the spec")
+
+
+@pytest.fixture
+def matcher_budget(monkeypatch):
+    """Counts difflib's ratio computations (full and quick) of every SequenceMatcher made."""
+    budget = _Budget(40 * FIELDS, "difflib ratio computations")  # 10 names x 2 name lists x 2,000: 40,000
+
+    class Counting(difflib.SequenceMatcher):
+        def ratio(self):
+            budget.spend()
+            return super().ratio()
+
+        def quick_ratio(self):
+            budget.spend()
+            return super().quick_ratio()
+
+    monkeypatch.setattr(difflib, "SequenceMatcher", Counting)
+    return budget
+
+
+def test_thousands_of_unknown_inputs_cost_a_few_searches_of_the_known_names(matcher_budget):
+    lines = _lines(_spec(inputs=tuple(f"fild_{i:05d}q" for i in range(FIELDS))))
+    assert len(lines) == SUGGESTED + 1
+    assert matcher_budget.calls > 0  # the first names were still searched
+
+
+def test_thousands_of_unknown_tables_cost_a_few_searches_of_the_known_names(matcher_budget):
+    doc = _spec()
+    doc["tables"] = [{"name": f"tab_{i:05d}", "dim": 8, "hash_buckets": 10} for i in range(FIELDS)]
+    doc["features"] = [{"name": f"field_{i:05d}", "type": "categorical", "table": f"tbl_{i:05d}x"} for i in range(FIELDS)]
+    lines = [line for line in _lines(doc) if ".table:" in line]
+    assert len(lines) == SUGGESTED + 1
+    assert lines[0] == "features[0].table: unknown table 'tbl_00000x' (did you mean 'tab_00000'?)"
+    assert lines[-1] == ("features[10].table: 1,990 more: 'tbl_00010x', 'tbl_00011x', 'tbl_00012x', ... "
+                         "(2,000 unknown table names in all)")
+
+
+def test_a_tag_per_feature_is_one_pass_over_the_features(monkeypatch):
+    """2,000 features of a tag each, read by 2,000 selectors: each selector rescanned every feature."""
+    budget = _Budget(20 * FIELDS, "reads of a feature's tags")
+    tags = Item.tags
+    monkeypatch.setattr(Item, "tags", property(lambda item: (budget.spend(), tags.fget(item))[1]))
+    assert _lines(_spec(tags=True)) == []
+    assert budget.calls >= FIELDS  # every feature's tags were read
+
+
+def test_many_unknown_names_name_the_first_few_with_their_hint_and_count_the_rest():
+    lines = _lines(_spec(fields=50, inputs=tuple(f"fild_{i:05d}q" for i in range(40))))
+    assert lines[:SUGGESTED] == [f"modules[0].inputs[{i + 1}]: unknown feature 'fild_{i:05d}q' "
+                                 f"(did you mean 'field_{i:05d}'?)" for i in range(SUGGESTED)]
+    assert lines[SUGGESTED:] == ["modules[0].inputs[11]: 30 more: 'fild_00010q', 'fild_00011q', 'fild_00012q', ... "
+                                 "(40 unknown feature or module names in all)"]
+
+
+def test_up_to_the_first_few_unknown_names_each_keep_their_line():
+    inputs = tuple(f"fild_{i:05d}q" for i in range(SUGGESTED))
+    assert _lines(_spec(fields=50, inputs=inputs)) == [
+        f"modules[0].inputs[{i + 1}]: unknown feature 'fild_{i:05d}q' (did you mean 'field_{i:05d}'?)"
+        for i in range(SUGGESTED)]
+    one_more = _lines(_spec(fields=50, inputs=(*inputs, "zzz")))
+    assert one_more[SUGGESTED:] == ["modules[0].inputs[11]: 1 more: 'zzz' (11 unknown feature or module names in all)"]
+
+
+@pytest.mark.parametrize("mutate, counted", [
+    (lambda d: d.update(heads=[{"name": f"h{i}", "input": f"dep{i}", "label": f"l{i}"} for i in range(12)]),
+     "heads[10].input: 2 more: 'dep10', 'dep11' (12 unknown module names in all)"),
+    (lambda d: d.update(data={"columns": {f"fld_{i}": f"c{i}" for i in range(14)}}),
+     "data.columns.fld_10: 4 more: 'fld_10', 'fld_11', 'fld_12', ... (14 unknown feature names in all)"),
+    (lambda d: d["modules"][0]["inputs"].extend(f"@tg{i}" for i in range(11)),
+     "modules[0].inputs[11]: 1 more: '@tg10' (11 selectors that match nothing in all)"),
+])
+def test_every_check_of_names_counts_past_the_first_few(mutate, counted):
+    doc = _spec(fields=20)
+    mutate(doc)
+    lines = _lines(doc)
+    assert counted in lines
+    section = counted.split(".")[0].split("[")[0]
+    assert len([line for line in lines if line.startswith(section)]) == SUGGESTED + 1
+
+
+def _old_did_you_mean(word: str, names: list[str]) -> str:
+    """The did-you-mean of before (difflib's get_close_matches of every name, re-scored), for the
+    names a plain word can take."""
+    names = sorted(set(names))
+    close = [n for n in names if n.lower() == word.lower()]
+    if not close:
+        matcher, scored = difflib.SequenceMatcher(b=word), []
+        for name in difflib.get_close_matches(word, names, n=max(len(names), 1), cutoff=0.6):
+            matcher.set_seq1(name)
+            scored.append((matcher.ratio(), name))
+        best = [name for ratio, name in scored if ratio == scored[0][0]] if scored else []
+        close = sorted(best, key=lambda name: schema_errors.slips(word, name))[:1]
+    if not close:
+        words = set(word.lower().replace("-", "_").split("_"))
+        close = [n for n in names if n.lower() in words]
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def test_the_did_you_mean_is_the_one_difflib_scored_every_name_for():
+    rnd = random.Random(17)
+    letters = "abcde_1"
+    for _ in range(3000):
+        names = [''.join(rnd.choice(letters) for _ in range(rnd.randint(1, 7))) for _ in range(rnd.randint(1, 30))]
+        word = ''.join(rnd.choice(letters) for _ in range(rnd.randint(1, 7)))
+        assert did_you_mean(word, names) == _old_did_you_mean(word, names), (word, names)
