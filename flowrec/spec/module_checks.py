@@ -420,21 +420,22 @@ def check_outputs_read(view: DocView) -> list[SpecIssue]:
     if any(split is None for split in reads):
         return []  # a head reading an unknown name: check_heads' line
     reads += [(r.module.name, r.output) for m in mods for r in resolve(view, m) if r.module is not None]
+    read = set(reads)  # looked up per module and per output: a list was the square of the modules
     modules = view.by_name("modules")
-    if any(output is not None and output_problem(modules[name], output) is not None for name, output in reads):
+    if any(output is not None and output_problem(modules[name], output) is not None for name, output in read):
         return []  # a misspelt output ('mix.lik') is check_inputs' line, not also 'like' read by nothing
     names = set(modules) | set(view.by_name("features"))
     issues = []
     for m in mods:
         key = NAMED_OUTPUT_KINDS.get(m.body.get("kind")) if m.clean else None
-        if key is None or (m.name, None) in reads:
+        if key is None or (m.name, None) in read:
             continue
         if any(f"{m.name}.{output}" in names for output in m.body[key]):
             return []  # a module or feature named as an output: that ambiguity is its own line
         issues += [SpecIssue(f"{m.path}.{key}[{j}]", f"output {output!r} of module {m.name!r} is read by no module "
                                                       f"or head (its gate would train for nothing): read it as "
                                                       f"{m.name}.{output}, or remove it")
-                   for j, output in enumerate(m.body[key]) if (m.name, output) not in reads]
+                   for j, output in enumerate(m.body[key]) if (m.name, output) not in read]
     return issues
 
 

@@ -150,3 +150,28 @@ def test_the_did_you_mean_is_the_one_difflib_scored_every_name_for():
         names = [''.join(rnd.choice(letters) for _ in range(rnd.randint(1, 7))) for _ in range(rnd.randint(1, 30))]
         word = ''.join(rnd.choice(letters) for _ in range(rnd.randint(1, 7)))
         assert did_you_mean(word, names) == _old_did_you_mean(word, names), (word, names)
+
+
+def test_the_outputs_of_many_moe_modules_are_looked_up_not_searched():
+    """2,000 moe modules, each output read by one concat: check_outputs_read looked each module
+    and output up in a list of every read (the square of the modules in name comparisons)."""
+    # each dict lookup that meets the name compares it once: 74,000 in all here (37 a module);
+    # a list of the 4,000 reads, searched once per module and once per output: millions
+    budget = _Budget(100 * FIELDS, "comparisons of module names")
+
+    class Name(str):  # a module name that counts its comparisons
+        __hash__ = str.__hash__
+
+        def __eq__(self, other):
+            budget.spend()
+            return str.__eq__(self, other)
+
+    doc = _spec()
+    doc["modules"] = [{"name": Name(f"mix_{i:05d}"), "kind": "moe", "inputs": [f"field_{i:05d}"], "heads": ["a", "b"],
+                       "experts": 2, "expert_layers": [4]} for i in range(FIELDS)]
+    doc["modules"].append({"name": "top", "kind": "concat", "inputs": [f"mix_{i:05d}.{o}" for i in range(FIELDS) for o in "ab"]})
+    doc["heads"] = [{"name": "ctr", "input": "top"}]
+    assert _lines(doc) == []
+    doc["modules"][-1]["inputs"].pop()  # mix_01999.b is read by nobody
+    assert _lines(doc) == ["modules[1999].heads[1]: output 'b' of module 'mix_01999' is read by no module or head "
+                           "(its gate would train for nothing): read it as mix_01999.b, or remove it"]
