@@ -91,10 +91,10 @@ class Field:
 class DocView:
     """Items of every list section, indexed by name (first occurrence wins).
 
-    The indexes (names per section, features per tag, module kinds) are built once, in one pass
-    each: the checks look names up per input and per feature, so an index rebuilt per lookup made
-    their work grow with the square of the spec (200 tags read by 200 selectors over 4,000
-    features rescanned all 4,000 per selector, several times).
+    The indexes (names per section, features per tag and per selector, module kinds) are built
+    once, in one pass each: the checks look names up per input and per feature, so an index
+    rebuilt per lookup made their work grow with the square of the spec (200 tags read by 200
+    selectors over 4,000 features rescanned all 4,000 per selector, several times).
     """
 
     doc: dict
@@ -164,10 +164,18 @@ class DocView:
         return value if isinstance(value, dict) and key not in self.bad_sections else None
 
     def dense_features(self) -> list[Item]:
-        return [f for f in self.items("features") if f.is_dense]
+        return list(self._dense)
 
     def pooled_features(self) -> list[Item]:
-        return [f for f in self.items("features") if f.is_sparse and not f.unpooled]
+        return list(self._pooled)
+
+    @cached_property
+    def _dense(self) -> tuple[Item, ...]:
+        return tuple(f for f in self.items("features") if f.is_dense)
+
+    @cached_property
+    def _pooled(self) -> tuple[Item, ...]:
+        return tuple(f for f in self.items("features") if f.is_sparse and not f.unpooled)
 
     def tagged(self, tag: str) -> list[Item]:
         return list(self._tagged.get(tag, ()))

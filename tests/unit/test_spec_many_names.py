@@ -175,3 +175,18 @@ def test_the_outputs_of_many_moe_modules_are_looked_up_not_searched():
     doc["modules"][-1]["inputs"].pop()  # mix_01999.b is read by nobody
     assert _lines(doc) == ["modules[1999].heads[1]: output 'b' of module 'mix_01999' is read by no module or head "
                            "(its gate would train for nothing): read it as mix_01999.b, or remove it"]
+
+
+def test_dense_and_sparse_selectors_of_many_modules_are_one_pass_over_the_features(monkeypatch):
+    """2,000 modules reading '@dense' (2 dense features among 2,000): each read rescanned every
+    feature, in every check that resolves inputs."""
+    budget = _Budget(20 * FIELDS, "reads of whether a feature is dense")
+    dense = Item.is_dense
+    monkeypatch.setattr(Item, "is_dense", property(lambda item: (budget.spend(), dense.fget(item))[1]))
+    doc = _spec()
+    doc["features"] += [{"name": "d0", "type": "dense"}, {"name": "d1", "type": "dense"}]
+    doc["modules"] = [{"name": f"tower_{i:05d}", "kind": "mlp", "inputs": ["@dense"], "layers": [4]} for i in range(FIELDS)]
+    doc["modules"].append({"name": "top", "kind": "concat", "inputs": ["@sparse", *(m["name"] for m in doc["modules"])]})
+    doc["heads"] = [{"name": "ctr", "input": "top"}]
+    assert _lines(doc) == []
+    assert budget.calls >= FIELDS  # every feature was looked at
