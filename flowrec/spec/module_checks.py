@@ -15,7 +15,7 @@ from typing import Callable, Mapping, get_args
 from flowrec.spec.errors import SpecIssue
 from flowrec.spec.model import (NAMED_OUTPUT_KINDS, SELECTOR_DENSE, SELECTOR_PREFIX, SELECTOR_SPARSE, ModuleKind,
                                 split_output)
-from flowrec.spec.schema_errors import NAME_PATTERN, UnknownNames, did_you_mean
+from flowrec.spec.schema_errors import NAME_PATTERN, UnknownNames
 from flowrec.spec.view import DocView, Field, Item
 
 TARGET_ATTENTION = "target_attention"
@@ -155,12 +155,12 @@ _WIDTH_RULES: dict[str, Callable[[Item, list[Field]], int | None]] = {
 
 
 def check_inputs(view: DocView) -> list[SpecIssue]:
-    """Unknown names (with did-you-mean), selectors matching nothing, repeated inputs (past the
-    first few unknown names and empty selectors, one line counts the rest: `UnknownNames`)."""
+    """Unknown names (with did-you-mean), selectors matching nothing, repeated inputs (a
+    did-you-mean for the first few unknown names and empty selectors: `UnknownNames`)."""
     features, modules = view.by_name("features"), view.by_name("modules")
     tags = sorted(SELECTOR_PREFIX + t for t in view.tags)
     selectors = [t for t in (SELECTOR_DENSE, SELECTOR_SPARSE, *tags) if view.selector_features(t)]  # what a typo meant
-    unknown, empty = UnknownNames("unknown feature or module names"), UnknownNames("selectors that match nothing")
+    unknown, empty = UnknownNames(), UnknownNames()
     issues = []
     for m in view.items("modules"):
         seen: set[str] = set()
@@ -173,31 +173,32 @@ def check_inputs(view: DocView) -> list[SpecIssue]:
                 continue  # no name ('.like', 'like tower'): the schema's one line says so
             if token.startswith(SELECTOR_PREFIX):
                 if not view.selector_features(token):
-                    issues += empty.issue(path, token, lambda t: _empty_selector(t, selectors))
+                    issues += empty.issue(path, token, lambda t: _empty_selector(t, selectors, empty.hint))
             elif token == m.name:
                 issues.append(SpecIssue(path, f"module {token!r} cannot read its own output"))
             elif token in features:
                 continue
             elif (found := output_ref(view, token)) is None:
-                issues += unknown.issue(path, token, lambda t: _unknown_input(t, list(features), list(modules)))
+                issues += unknown.issue(path, token, lambda t: _unknown_input(t, list(features), list(modules), unknown.hint))
             elif found[0].name == m.name:  # one of its named outputs ('experts.like' in experts' inputs)
                 issues.append(SpecIssue(path, f"module {m.name!r} cannot read its own output {token!r}"))
             elif (problem := output_problem(*found)) is not None:
                 issues.append(SpecIssue(path, problem))
-    return issues + unknown.more() + empty.more()
+    return issues
 
 
-def _empty_selector(token: str, selectors: list[str]) -> str:
+def _empty_selector(token: str, selectors: list[str], hint: Callable[[str, list[str]], str]) -> str:
     what = {SELECTOR_DENSE: "there are no dense features", SELECTOR_SPARSE: "there are no pooled sparse features"}
     reason = what.get(token, f"no feature has the tag {token[len(SELECTOR_PREFIX):]!r}")
-    return f"selector {token!r} matches nothing ({reason}){did_you_mean(token, selectors)}"
+    return f"selector {token!r} matches nothing ({reason}){hint(token, selectors)}"
 
 
-def _unknown_input(token: str, features: list[str], modules: list[str]) -> str:
-    if hint := did_you_mean(token, modules):
-        return f"unknown module {token!r}{hint}"
-    if hint := did_you_mean(token, features):
-        return f"unknown feature {token!r}{hint}"
+def _unknown_input(token: str, features: list[str], modules: list[str],
+                   hint: Callable[[str, list[str]], str]) -> str:
+    if close := hint(token, modules):
+        return f"unknown module {token!r}{close}"
+    if close := hint(token, features):
+        return f"unknown feature {token!r}{close}"
     return f"unknown feature or module {token!r}"
 
 

@@ -22,8 +22,7 @@ from flowrec.spec.errors import SpecIssue
 
 MAX_KNOWN_KEYS = 24
 CLOSE = 0.6  # difflib's ratio a did-you-mean needs (get_close_matches' default cutoff)
-SUGGESTED = 10  # unknown names of one check that each get a line of their own and a did-you-mean
-QUOTED_MORE = 3  # unknown names past those that the counting line quotes
+SUGGESTED = 10  # unknown names of one check whose line has a did-you-mean (each has a line)
 MAX_VALUE_CHARS = 40  # longest value quoted back in a message
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _JSON_TYPES = {
@@ -71,38 +70,30 @@ def did_you_mean(word: Any, candidates: Iterable[str]) -> str:
 
 
 class UnknownNames:
-    """The issues of one check's unknown names: the first `SUGGESTED` each on a line of their own,
-    in place, worded by a function that looks for a did-you-mean among every known name; the rest
-    in one line at the path of the first of them (`more`), that counts them and quotes a few. A
-    generated spec of 4,000 misspelt names searched every known name 4,000 times (minutes) and
-    printed 4,000 lines.
-
-    Args:
-        what: the names counted, in the plural ("unknown table names").
+    """The unknown names of one check: each its own line at its path, as every error is (DESIGN:
+    every error at once, each with its path); the first `SUGGESTED` with a did-you-mean (`hint`),
+    the rest without, in the same words otherwise. A generated spec of 4,000 misspelt names searched
+    every known name 4,000 times: minutes before the first line.
 
     Example:
-        >>> unknown = UnknownNames("unknown table names")
-        >>> lines = [i for n in range(13) for i in unknown.issue(f"features[{n}].table", f"t{n}", "unknown table {!r}".format)]
-        >>> [str(i) for i in lines[-1:] + unknown.more()]
-        ["features[9].table: unknown table 't9'", "features[10].table: 3 more: 't10', 't11', 't12' (13 unknown table names in all)"]
+        >>> unknown = UnknownNames()
+        >>> lines = [i for n in range(12) for i in unknown.issue(f"features[{n}].table", f"tabl{n}",
+        ...          lambda t: f"unknown table {t!r}{unknown.hint(t, [f'table{n}'])}")]
+        >>> [str(i) for i in lines[SUGGESTED - 1:]]
+        ["features[9].table: unknown table 'tabl9' (did you mean 'table9'?)", "features[10].table: unknown table 'tabl10'", "features[11].table: unknown table 'tabl11'"]
     """
 
-    def __init__(self, what: str) -> None:
-        self.what = what
-        self.found: list[tuple[str, str]] = []
+    def __init__(self) -> None:
+        self.found = 0
 
     def issue(self, path: str, name: str, line: Callable[[str], str]) -> list[SpecIssue]:
-        """The line of one unknown name, or none past the first `SUGGESTED` (`more` counts them)."""
-        self.found.append((path, name))
-        return [SpecIssue(path, line(name))] if len(self.found) <= SUGGESTED else []
+        """The line of one unknown name (`line`, whose did-you-mean is `hint`'s)."""
+        self.found += 1
+        return [SpecIssue(path, line(name))]
 
-    def more(self) -> list[SpecIssue]:
-        """The one line counting the unknown names past the first `SUGGESTED` (none if none)."""
-        rest = self.found[SUGGESTED:]
-        if not rest:
-            return []
-        quoted = ", ".join(show(name) for _, name in rest[:QUOTED_MORE]) + (", ..." if len(rest) > QUOTED_MORE else "")
-        return [SpecIssue(rest[0][0], f"{len(rest):,} more: {quoted} ({len(self.found):,} {self.what} in all)")]
+    def hint(self, word: Any, candidates: Iterable[str]) -> str:
+        """`did_you_mean` for the first `SUGGESTED` unknown names of the check, "" past them."""
+        return did_you_mean(word, candidates) if self.found <= SUGGESTED else ""
 
 
 def _closest(word: str, names: list[str]) -> list[str]:

@@ -95,7 +95,7 @@ def check_reserved_names(view: DocView) -> list[SpecIssue]:
 def check_tables(view: DocView) -> list[SpecIssue]:
     """Table references exist, agree on dim, carry no inline table; every shared table is used."""
     tables = view.by_name("tables")
-    unknown = UnknownNames("unknown table names")
+    unknown = UnknownNames()
     issues = []
     used: set[str] = set()
     for f in view.items("features"):
@@ -113,7 +113,7 @@ def check_tables(view: DocView) -> list[SpecIssue]:
                                                            "not on a feature reading it"))
         table = tables.get(name)
         if table is None:
-            issues += unknown.issue(f"{f.path}.table", name, lambda t: f"unknown table {t!r}{did_you_mean(t, tables)}"
+            issues += unknown.issue(f"{f.path}.table", name, lambda t: f"unknown table {t!r}{unknown.hint(t, tables)}"
                                     + ("" if tables else " (no tables are declared under 'tables')"))
             continue
         dim, table_dim = f.get("dim", int), table.get("dim", int)
@@ -123,7 +123,7 @@ def check_tables(view: DocView) -> list[SpecIssue]:
     if "features" not in view.bad_sections and all(f.clean for f in view.items("features")):
         issues += [SpecIssue(t.path, f"table {t.name!r} is not used by any feature")
                    for t in view.items("tables") if t.name is not None and t.name not in used]
-    return issues + unknown.more()
+    return issues
 
 
 # Managed shards of all tables together (a table without `shards` counts 1). Every shard steps at
@@ -180,7 +180,7 @@ def check_pooling(view: DocView) -> list[SpecIssue]:
 def check_heads(view: DocView) -> list[SpecIssue]:
     """Heads read known modules; the loss fits the task."""
     modules, features = view.by_name("modules"), view.by_name("features")
-    unknown = UnknownNames("unknown module names")
+    unknown = UnknownNames()
     issues = []
     for h in view.items("heads"):
         name = h.get("input", str)
@@ -190,12 +190,12 @@ def check_heads(view: DocView) -> list[SpecIssue]:
         if name is not None and found is None:
             issues += unknown.issue(f"{h.path}.input", name, lambda n: (
                 f"{n!r} is a feature; a head reads a module's output" if n in features
-                else f"unknown module {n!r}") + did_you_mean(n, modules))
+                else f"unknown module {n!r}") + unknown.hint(n, modules))
         elif found is not None and (problem := output_problem(*found)) is not None:
             issues.append(SpecIssue(f"{h.path}.input", problem))
         if h.clean:
             issues += _head_task(h)
-    return issues + unknown.more() + _task_spaces(view)
+    return issues + _task_spaces(view)
 
 
 def _head_task(h: Item) -> list[SpecIssue]:
@@ -259,10 +259,10 @@ def check_data(view: DocView) -> list[SpecIssue]:
     data = view.section("data")
     columns = data.get("columns", {}) if data else {}
     features = view.by_name("features")
-    unknown = UnknownNames("unknown feature names")
+    unknown = UnknownNames()
     issues = [i for key in columns if key not in features
-              for i in unknown.issue(f"data.columns.{key}", key, lambda k: f"unknown feature {k!r}{did_you_mean(k, features)}")]
-    return issues + unknown.more() + _history_lengths(view, data or {}, columns if isinstance(columns, dict) else {})
+              for i in unknown.issue(f"data.columns.{key}", key, lambda k: f"unknown feature {k!r}{unknown.hint(k, features)}")]
+    return issues + _history_lengths(view, data or {}, columns if isinstance(columns, dict) else {})
 
 
 def _history_lengths(view: DocView, data: dict, columns: dict) -> list[SpecIssue]:
