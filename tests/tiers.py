@@ -37,7 +37,7 @@ FILES: dict[str, frozenset[str]] = {
         "test_plan_contract", "test_planner_cache", "test_planner_cost", "test_planner_interleave",
         "test_planner_manager", "test_planner_pack", "test_planner_shard", "test_pt2_save",
         "test_render", "test_movielens_releases", "test_runtime_hostmem", "test_runtime_session", "test_spec_limits",
-        "test_spec_roundtrip", "test_spec_training", "test_spec_validate", "test_spec_yaml_scan",
+        "test_spec_roundtrip", "test_spec_training", "test_spec_validate", "test_spec_yaml_scan", "test_spec_many_names",
         "test_table_snapshot", "test_checkpoint_stream", "test_checkpoint_direct", "test_cores", "test_train_loop_parts", "test_vocab_growth", "test_split_fit", "test_output_guard",
         "test_custom", "test_custom_hostile", "test_custom_guards", "test_heads", "test_mlp_regularize", "test_moe", "test_packed_mlp_lowering", "test_table_l2",
         "test_managed_spec", "test_managed_map", "test_managed_shards", "test_days", "test_self_attention", "test_similarity",

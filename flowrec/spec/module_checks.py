@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Callable, get_args
+from typing import Callable, Mapping, get_args
 
 from flowrec.spec.errors import SpecIssue
 from flowrec.spec.model import (NAMED_OUTPUT_KINDS, SELECTOR_DENSE, SELECTOR_PREFIX, SELECTOR_SPARSE, ModuleKind,
                                 split_output)
-from flowrec.spec.schema_errors import NAME_PATTERN, did_you_mean
+from flowrec.spec.schema_errors import NAME_PATTERN, UnknownNames
 from flowrec.spec.view import DocView, Field, Item
 
 TARGET_ATTENTION = "target_attention"
@@ -39,20 +39,8 @@ class Ref:
     output: str | None = None
 
 
-def module_kinds(view: DocView) -> dict[str, str]:
-    """Module name -> kind (of the modules that have both)."""
-    return {n: m.body["kind"] for n, m in view.by_name("modules").items() if isinstance(m.body.get("kind"), str)}
-
-
-def unknown_kind_modules(view: DocView) -> frozenset[str]:
-    """Names of the modules whose kind is misspelt or missing (`kind: pel`): the schema's issue
-    names the kind; which outputs such a module has cannot be told."""
-    known = get_args(ModuleKind)
-    return frozenset(n for n, m in view.by_name("modules").items() if m.body.get("kind") not in known)
-
-
-def split_input(token: str, kinds: dict[str, str], unknown: frozenset[str]) -> tuple[str, str | None] | None:
-    """`split_output`, where a module of an unknown kind (`unknown_kind_modules`) is still a module:
+def split_input(token: str, kinds: Mapping[str, str], unknown: frozenset[str]) -> tuple[str, str | None] | None:
+    """`split_output`, where a module of an unknown kind (`DocView.unknown_kind_modules`) is still a module:
     its name, or `<module>.<output>`, reads it, so the modules and heads reading it are not also
     said to read an unknown name, nor it to feed no head.
 
@@ -70,7 +58,7 @@ def split_input(token: str, kinds: dict[str, str], unknown: frozenset[str]) -> t
 
 def output_ref(view: DocView, token: str) -> tuple[Item, str | None] | None:
     """The module (and named output) `token` reads, if it reads a module (`split_input`)."""
-    split = split_input(token, module_kinds(view), unknown_kind_modules(view))
+    split = split_input(token, view.module_kinds, view.unknown_kind_modules)
     return None if split is None else (view.by_name("modules")[split[0]], split[1])
 
 
@@ -167,10 +155,12 @@ _WIDTH_RULES: dict[str, Callable[[Item, list[Field]], int | None]] = {
 
 
 def check_inputs(view: DocView) -> list[SpecIssue]:
-    """Unknown names (with did-you-mean), selectors matching nothing, repeated inputs."""
+    """Unknown names (with did-you-mean), selectors matching nothing, repeated inputs (a
+    did-you-mean for the first few unknown names and empty selectors: `UnknownNames`)."""
     features, modules = view.by_name("features"), view.by_name("modules")
-    tags = sorted({SELECTOR_PREFIX + t for f in view.items("features") for t in f.tags})
+    tags = sorted(SELECTOR_PREFIX + t for t in view.tags)
     selectors = [t for t in (SELECTOR_DENSE, SELECTOR_SPARSE, *tags) if view.selector_features(t)]  # what a typo meant
+    unknown, empty = UnknownNames(), UnknownNames()
     issues = []
     for m in view.items("modules"):
         seen: set[str] = set()
@@ -183,13 +173,13 @@ def check_inputs(view: DocView) -> list[SpecIssue]:
                 continue  # no name ('.like', 'like tower'): the schema's one line says so
             if token.startswith(SELECTOR_PREFIX):
                 if not view.selector_features(token):
-                    issues.append(SpecIssue(path, _empty_selector(token, selectors)))
+                    issues += empty.issue(path, token, lambda t: _empty_selector(t, selectors, empty.hint))
             elif token == m.name:
                 issues.append(SpecIssue(path, f"module {token!r} cannot read its own output"))
             elif token in features:
                 continue
             elif (found := output_ref(view, token)) is None:
-                issues.append(SpecIssue(path, _unknown_input(token, list(features), list(modules))))
+                issues += unknown.issue(path, token, lambda t: _unknown_input(t, list(features), list(modules), unknown.hint))
             elif found[0].name == m.name:  # one of its named outputs ('experts.like' in experts' inputs)
                 issues.append(SpecIssue(path, f"module {m.name!r} cannot read its own output {token!r}"))
             elif (problem := output_problem(*found)) is not None:
@@ -197,17 +187,18 @@ def check_inputs(view: DocView) -> list[SpecIssue]:
     return issues
 
 
-def _empty_selector(token: str, selectors: list[str]) -> str:
+def _empty_selector(token: str, selectors: list[str], hint: Callable[[str, list[str]], str]) -> str:
     what = {SELECTOR_DENSE: "there are no dense features", SELECTOR_SPARSE: "there are no pooled sparse features"}
     reason = what.get(token, f"no feature has the tag {token[len(SELECTOR_PREFIX):]!r}")
-    return f"selector {token!r} matches nothing ({reason}){did_you_mean(token, selectors)}"
+    return f"selector {token!r} matches nothing ({reason}){hint(token, selectors)}"
 
 
-def _unknown_input(token: str, features: list[str], modules: list[str]) -> str:
-    if did_you_mean(token, modules):
-        return f"unknown module {token!r}{did_you_mean(token, modules)}"
-    if did_you_mean(token, features):
-        return f"unknown feature {token!r}{did_you_mean(token, features)}"
+def _unknown_input(token: str, features: list[str], modules: list[str],
+                   hint: Callable[[str, list[str]], str]) -> str:
+    if close := hint(token, modules):
+        return f"unknown module {token!r}{close}"
+    if close := hint(token, features):
+        return f"unknown feature {token!r}{close}"
     return f"unknown feature or module {token!r}"
 
 
@@ -267,7 +258,7 @@ def _bad_query(ref: Ref) -> bool:
 def check_cycles(view: DocView) -> list[SpecIssue]:
     """Module inputs must form a DAG; each cycle is named once."""
     modules = view.by_name("modules")
-    kinds, unknown = module_kinds(view), unknown_kind_modules(view)
+    kinds, unknown = view.module_kinds, view.unknown_kind_modules
     edges = {n: [s[0] for t in (m.inputs or ()) if (s := split_input(t, kinds, unknown)) is not None and s[0] != n]
              for n, m in modules.items()}
     state: dict[str, int] = {}  # 1: on the DFS stack, 2: done
@@ -397,7 +388,7 @@ def check_reach(view: DocView) -> list[SpecIssue]:
     mods, heads = view.by_name("modules"), view.items("heads")
     if "heads" in view.bad_sections or any(m.inputs is None for m in view.items("modules")):
         return []
-    kinds, unknown = module_kinds(view), unknown_kind_modules(view)
+    kinds, unknown = view.module_kinds, view.unknown_kind_modules
     reads = [split_input(h.get("input", str) or "", kinds, unknown) for h in heads]
     if any(r is None for r in reads):
         return []  # a head reading an unknown name is reported by check_heads
@@ -425,26 +416,27 @@ def check_outputs_read(view: DocView) -> list[SpecIssue]:
         return []
     if not all(_all_resolved(view, m) for m in mods) or not all(h.clean for h in heads):
         return []
-    kinds, unknown = module_kinds(view), unknown_kind_modules(view)
+    kinds, unknown = view.module_kinds, view.unknown_kind_modules
     reads = [split_input(h.body["input"], kinds, unknown) for h in heads]
     if any(split is None for split in reads):
         return []  # a head reading an unknown name: check_heads' line
     reads += [(r.module.name, r.output) for m in mods for r in resolve(view, m) if r.module is not None]
+    read = set(reads)  # looked up per module and per output: a list was the square of the modules
     modules = view.by_name("modules")
-    if any(output is not None and output_problem(modules[name], output) is not None for name, output in reads):
+    if any(output is not None and output_problem(modules[name], output) is not None for name, output in read):
         return []  # a misspelt output ('mix.lik') is check_inputs' line, not also 'like' read by nothing
     names = set(modules) | set(view.by_name("features"))
     issues = []
     for m in mods:
         key = NAMED_OUTPUT_KINDS.get(m.body.get("kind")) if m.clean else None
-        if key is None or (m.name, None) in reads:
+        if key is None or (m.name, None) in read:
             continue
         if any(f"{m.name}.{output}" in names for output in m.body[key]):
             return []  # a module or feature named as an output: that ambiguity is its own line
         issues += [SpecIssue(f"{m.path}.{key}[{j}]", f"output {output!r} of module {m.name!r} is read by no module "
                                                       f"or head (its gate would train for nothing): read it as "
                                                       f"{m.name}.{output}, or remove it")
-                   for j, output in enumerate(m.body[key]) if (m.name, output) not in reads]
+                   for j, output in enumerate(m.body[key]) if (m.name, output) not in read]
     return issues
 
 

@@ -18,7 +18,7 @@ from flowrec.spec.errors import SpecIssue
 from flowrec.spec.model import HISTORY_COLUMN, NAMED_OUTPUT_KINDS
 from flowrec.spec.module_checks import MODULE_CHECKS, output_problem, output_ref
 from flowrec.spec.retrieval_checks import check_retrieval, head_top_k
-from flowrec.spec.schema_errors import NAME_PATTERN, did_you_mean, show
+from flowrec.spec.schema_errors import NAME_PATTERN, UnknownNames, did_you_mean, show
 from flowrec.spec.tasks import AUC_MAX_CLASSES, TASKS, retrieval_metric_names
 from flowrec.spec.units import parse_bytes
 from flowrec.spec.view import DocView, Item
@@ -95,6 +95,7 @@ def check_reserved_names(view: DocView) -> list[SpecIssue]:
 def check_tables(view: DocView) -> list[SpecIssue]:
     """Table references exist, agree on dim, carry no inline table; every shared table is used."""
     tables = view.by_name("tables")
+    unknown = UnknownNames()
     issues = []
     used: set[str] = set()
     for f in view.items("features"):
@@ -112,8 +113,8 @@ def check_tables(view: DocView) -> list[SpecIssue]:
                                                            "not on a feature reading it"))
         table = tables.get(name)
         if table is None:
-            issues.append(SpecIssue(f"{f.path}.table", f"unknown table {name!r}{did_you_mean(name, tables)}"
-                                                       + ("" if tables else " (no tables are declared under 'tables')")))
+            issues += unknown.issue(f"{f.path}.table", name, lambda t: f"unknown table {t!r}{unknown.hint(t, tables)}"
+                                    + ("" if tables else " (no tables are declared under 'tables')"))
             continue
         dim, table_dim = f.get("dim", int), table.get("dim", int)
         if f.clean and table.clean and dim is not None and table_dim is not None and dim != table_dim:
@@ -179,6 +180,7 @@ def check_pooling(view: DocView) -> list[SpecIssue]:
 def check_heads(view: DocView) -> list[SpecIssue]:
     """Heads read known modules; the loss fits the task."""
     modules, features = view.by_name("modules"), view.by_name("features")
+    unknown = UnknownNames()
     issues = []
     for h in view.items("heads"):
         name = h.get("input", str)
@@ -186,9 +188,9 @@ def check_heads(view: DocView) -> list[SpecIssue]:
             name = None  # no name ('@sparse', '', 'like tower'): the schema's one line says so
         found = output_ref(view, name) if name is not None else None
         if name is not None and found is None:
-            what = (f"{name!r} is a feature; a head reads a module's output" if name in features
-                    else f"unknown module {name!r}")
-            issues.append(SpecIssue(f"{h.path}.input", what + did_you_mean(name, modules)))
+            issues += unknown.issue(f"{h.path}.input", name, lambda n: (
+                f"{n!r} is a feature; a head reads a module's output" if n in features
+                else f"unknown module {n!r}") + unknown.hint(n, modules))
         elif found is not None and (problem := output_problem(*found)) is not None:
             issues.append(SpecIssue(f"{h.path}.input", problem))
         if h.clean:
@@ -257,10 +259,10 @@ def check_data(view: DocView) -> list[SpecIssue]:
     data = view.section("data")
     columns = data.get("columns", {}) if data else {}
     features = view.by_name("features")
-    return [
-        SpecIssue(f"data.columns.{key}", f"unknown feature {key!r}{did_you_mean(key, features)}")
-        for key in columns if key not in features
-    ] + _history_lengths(view, data or {}, columns if isinstance(columns, dict) else {})
+    unknown = UnknownNames()
+    issues = [i for key in columns if key not in features
+              for i in unknown.issue(f"data.columns.{key}", key, lambda k: f"unknown feature {k!r}{unknown.hint(k, features)}")]
+    return issues + _history_lengths(view, data or {}, columns if isinstance(columns, dict) else {})
 
 
 def _history_lengths(view: DocView, data: dict, columns: dict) -> list[SpecIssue]:

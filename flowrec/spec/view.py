@@ -12,9 +12,11 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from functools import cached_property
+from types import MappingProxyType
+from typing import Any, Mapping, get_args
 
-from flowrec.spec.model import SELECTOR_DENSE, SELECTOR_PREFIX, SELECTOR_SPARSE
+from flowrec.spec.model import SELECTOR_DENSE, SELECTOR_PREFIX, SELECTOR_SPARSE, ModuleKind
 
 SECTIONS = ("features", "tables", "modules", "heads")
 SPARSE_TYPES = ("categorical", "sequence")
@@ -87,7 +89,13 @@ class Field:
 
 @dataclass(frozen=True)
 class DocView:
-    """Items of every list section, indexed by name (first occurrence wins)."""
+    """Items of every list section, indexed by name (first occurrence wins).
+
+    The indexes (names per section, features per tag and per selector, module kinds) are built
+    once, in one pass each: the checks look names up per input and per feature, so an index
+    rebuilt per lookup made their work grow with the square of the spec (200 tags read by 200
+    selectors over 4,000 features rescanned all 4,000 per selector, several times).
+    """
 
     doc: dict
     sections: dict[str, tuple[Item, ...]]
@@ -110,12 +118,45 @@ class DocView:
     def items(self, section: str) -> tuple[Item, ...]:
         return self.sections[section]
 
-    def by_name(self, section: str) -> dict[str, Item]:
-        out: dict[str, Item] = {}
-        for item in self.sections[section]:
-            if item.name is not None:
-                out.setdefault(item.name, item)
-        return out
+    def by_name(self, section: str) -> Mapping[str, Item]:
+        """Name -> the first item of that name (read-only: one index shared by every check)."""
+        return self._names[section]
+
+    @cached_property
+    def _names(self) -> dict[str, Mapping[str, Item]]:
+        names = {}
+        for section, items in self.sections.items():
+            out: dict[str, Item] = {}
+            for item in items:
+                if item.name is not None:
+                    out.setdefault(item.name, item)
+            names[section] = MappingProxyType(out)
+        return names
+
+    @cached_property
+    def _tagged(self) -> dict[str, tuple[Item, ...]]:
+        out: dict[str, list[Item]] = {}
+        for f in self.items("features"):
+            for tag in dict.fromkeys(f.tags):  # a tag given twice selects its feature once
+                out.setdefault(tag, []).append(f)
+        return {tag: tuple(items) for tag, items in out.items()}
+
+    @property
+    def tags(self) -> tuple[str, ...]:
+        """Every tag some feature has, in the order the features first give them."""
+        return tuple(self._tagged)
+
+    @cached_property
+    def module_kinds(self) -> Mapping[str, str]:
+        """Module name -> kind (of the modules that have both)."""
+        return MappingProxyType({n: m.body["kind"] for n, m in self.by_name("modules").items()
+                                 if isinstance(m.body.get("kind"), str)})
+
+    @cached_property
+    def unknown_kind_modules(self) -> frozenset[str]:
+        """Names of the modules whose kind is misspelt or missing."""
+        known = get_args(ModuleKind)
+        return frozenset(n for n, m in self.by_name("modules").items() if m.body.get("kind") not in known)
 
     def section(self, key: str) -> dict | None:
         """A top-level mapping section (data, optimizer...) if it passed the schema."""
@@ -123,13 +164,21 @@ class DocView:
         return value if isinstance(value, dict) and key not in self.bad_sections else None
 
     def dense_features(self) -> list[Item]:
-        return [f for f in self.items("features") if f.is_dense]
+        return list(self._dense)
 
     def pooled_features(self) -> list[Item]:
-        return [f for f in self.items("features") if f.is_sparse and not f.unpooled]
+        return list(self._pooled)
+
+    @cached_property
+    def _dense(self) -> tuple[Item, ...]:
+        return tuple(f for f in self.items("features") if f.is_dense)
+
+    @cached_property
+    def _pooled(self) -> tuple[Item, ...]:
+        return tuple(f for f in self.items("features") if f.is_sparse and not f.unpooled)
 
     def tagged(self, tag: str) -> list[Item]:
-        return [f for f in self.items("features") if tag in f.tags]
+        return list(self._tagged.get(tag, ()))
 
     def selector_features(self, token: str) -> list[Item]:
         """Features a selector (`@dense`, `@sparse`, `@tag`) stands for."""
