@@ -731,11 +731,27 @@ class _RunGuard:
             forget_kept_sample()  # a run that stopped before its hot set was chosen holds no sample
             if self.lock is not None:
                 self.lock.release_as_found(self.found, refused)
+        if isinstance(exc, exit_two):  # a RunError is made in the call's words (`python=True`); a lower
+            _in_python_words(exc)  # layer's error, raised or reported by one (`_typed`), is not
         if isinstance(exc, RunError):
-            raise _typed(exc) from None
+            typed = _typed(exc)
+            raise (exc if typed is exc else _in_python_words(typed)) from None
         if isinstance(exc, KeyboardInterrupt) and self.trainer is None and (not exc.args or isinstance(exc, Terminated)):
             raise KeyboardInterrupt(f"interrupted ({interrupt_name(exc)}) before training started; nothing was "
                                     f"trained{self.kept}") from None
+
+
+def _in_python_words(exc: BaseException) -> BaseException:
+    """`exc` (flowrec's own one-line error, raised below `flowrec.train`) with its line in the words of
+    the Python call (`launch.python_words`: `--eval-data DIR` as `eval_data=DIR`, a `flowrec train`
+    command as the `flowrec.train(...)` call), as the ranks of `nproc=N` have their lines said; one
+    process said the command line's flags (`give --eval-data DIR (eval_data=)`, `start over with
+    --out RUN --overwrite`). An error of another shape (several arguments) is left as it is."""
+    from flowrec.runs.launch import python_words
+
+    if len(exc.args) == 1 and isinstance(exc.args[0], str):
+        exc.args = (python_words(exc.args[0]),)
+    return exc
 
 
 def _finished_read_only(folder: Path, given: dict[str, Any], spec: ModelSpec, label: str) -> str | None:

@@ -269,3 +269,33 @@ def test_a_resume_on_other_data_of_other_rows_is_said(tmp_path: Path, monkeypatc
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the run's own rows in their new place: nothing to say
         assert flowrec.train("t.yaml", resume="b", data="moved", max_steps=3).result.steps == 3
+
+
+def test_a_lower_layers_refusal_names_the_calls_keywords_as_the_ranks_do(tmp_path: Path, monkeypatch) -> None:
+    """`flowrec.train(spec, data=D)` of a split whose test part is gone said 'restore it, or give
+    --eval-data DIR (eval_data=)' in one process, where the same call on ranks (`nproc=2`) says
+    'restore it, or give eval_data=DIR': the data layer's line was the command line's. A line of a
+    layer below the call (data, run folder, checkpoint) is now said in the call's keywords in one
+    process too, and the command line keeps its flags."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from flowrec.cli import app
+    from flowrec.data.layout import DataError
+
+    monkeypatch.chdir(tmp_path)
+    spec = _spec(tmp_path)
+    synth = CliRunner().invoke(app, ["data", "synth", str(spec), "--rows", str(random.randint(200, 400)),
+                                     "--out", str(tmp_path / "d" / "train"), "-q"])
+    assert synth.exit_code == 0, synth.output
+    meta = tmp_path / "d" / "train" / "_flowrec.json"
+    fraction = random.choice([0.1, 0.2, 0.25])
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "split": {"test_fraction": fraction, "seed": 1}}))
+    with pytest.raises(DataError) as err:
+        flowrec.train(spec, data=tmp_path / "d", out=None, max_steps=2)
+    assert str(err.value).endswith("restore it, or give eval_data=DIR to evaluate on other data"), err.value
+    assert f"(test fraction {fraction})" in str(err.value) and "--" not in str(err.value), err.value
+    cli = CliRunner().invoke(app, ["train", str(spec), "--data", str(tmp_path / "d"), "--out", str(tmp_path / "r"),
+                                   "--max-steps", "2"])
+    assert cli.exit_code == 2 and "give --eval-data DIR" in cli.output, cli.output
