@@ -147,7 +147,8 @@ def test_a_run_shows_in_one_short_line(tmp_path: Path) -> None:
     spec.write_text((DOC.read_text().split('Path("tiny.yaml").write_text("""')[1]).split('""")')[0])
     run = flowrec.train(spec, out=tmp_path / "run", rows=500, max_steps=2)
     shown = repr(run)
-    assert "\n" not in shown and len(shown) < 300, shown
+    folder = repr(str(tmp_path / "run"))  # as long as the temporary folder is: not the repr's own length
+    assert "\n" not in shown and len(shown) - len(folder) < 240, shown
     assert re.fullmatch(rf"Run\('tiny', run_dir={re.escape(repr(str(tmp_path / 'run')))}, steps=2, "
                         r"metrics=\{'click': \{'auc': 0\.\d{1,4}, .*'samples': 100\}\}\)", shown), shown
     assert repr(flowrec.load(tmp_path / "run")) == f"Run('tiny', run_dir={str(tmp_path / 'run')!r}, step=2)"
