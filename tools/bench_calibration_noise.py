@@ -218,4 +218,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from flowrec.testing.benchargs import run_stoppable
+
+    raise SystemExit(run_stoppable(main))

@@ -202,4 +202,6 @@ def _cpu_flags() -> list[str]:
 
 
 if __name__ == "__main__":
-    main()
+    from flowrec.testing.benchargs import run_stoppable
+
+    run_stoppable(main)

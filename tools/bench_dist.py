@@ -267,8 +267,10 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from flowrec.testing.benchargs import run_stoppable
+
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         r, w, port, out, cap, batch, steps = sys.argv[2:9]
         worker(int(r), int(w), int(port), Path(out), int(cap), int(batch), int(steps))
     else:
-        main()
+        run_stoppable(main)

@@ -254,4 +254,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from flowrec.testing.benchargs import run_stoppable
+
+    run_stoppable(main)

@@ -334,4 +334,6 @@ def _alternate_export(run: Path, rounds: int) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    from flowrec.testing.benchargs import run_stoppable
+
+    run_stoppable(main)

@@ -118,4 +118,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from flowrec.testing.benchargs import run_stoppable
+
+    sys.exit(run_stoppable(main))

@@ -189,4 +189,6 @@ def _run(a: argparse.Namespace, tmp: Path) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    from flowrec.testing.benchargs import run_stoppable
+
+    run_stoppable(main)

@@ -230,4 +230,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from flowrec.testing.benchargs import run_stoppable
+
+    raise SystemExit(run_stoppable(main))

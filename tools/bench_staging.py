@@ -340,4 +340,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from flowrec.testing.benchargs import run_stoppable
+
+    run_stoppable(main)

@@ -102,4 +102,6 @@ def _versions(lines: list[str]) -> dict[str, str]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from flowrec.testing.benchargs import run_stoppable
+
+    sys.exit(run_stoppable(main))

@@ -9,11 +9,16 @@ trace (chrome://tracing, Perfetto) of the window.
 Usage:
     python tools/profile_step.py specs/dlrm_criteo.yaml --device cuda --steps 20 --json prof.json
     python tools/profile_step.py specs/dlrm_criteo.yaml --precision bf16 --rows 65536 --top 30
+    OMP_NUM_THREADS=1 python tools/profile_step.py specs/deepfm_criteo.yaml --device-budget 64MiB --cache static_hot
 
 Without data bound in the spec (or with `--synthetic`), it trains on `--rows` synthetic rows.
 The first `--warmup` steps are left out of the window (allocations, first-call kernels and caches
 settle there); the window's steps are then profiled, which slows them: the step times in the
 JSON are the profiled ones, for comparing operators, not a benchmark (tools/bench_train.py is).
+`--device-budget` and `--cache` plan the run as `flowrec train` does with them (a 64 MiB budget puts
+a cache before the host tables, as `tools/bench_costmodel.py --device-budget 64MiB` runs them), so
+a cached placement's own operators can be compared with a resident one's. Its temporary folder
+(torch's inductor cache) is removed at the end, stopped or not.
 """
 from __future__ import annotations
 
@@ -47,8 +52,9 @@ def _self_device_us(event: Any) -> float:
     return 0.0
 
 
-def profiled_spec(path: Path, precision: str | None, batch: int | None, synthetic: bool) -> Any:
-    """The spec to train: the file's, with another precision or batch size where asked, its data
+def profiled_spec(path: Path, precision: str | None, batch: int | None, synthetic: bool,
+                  cache: str | None = None) -> Any:
+    """The spec to train: the file's, with another precision, batch size or cache policy where asked, its data
     binding made absolute (the API reads a loaded spec's data relative to the working folder), or
     dropped for synthetic rows."""
     spec = load_spec(path)
@@ -56,6 +62,8 @@ def profiled_spec(path: Path, precision: str | None, batch: int | None, syntheti
         spec = replace(spec, training=replace(spec.training, precision=precision))
     if batch is not None:
         spec = replace(spec, training=replace(spec.training, batch_size=batch))
+    if cache is not None:
+        spec = replace(spec, plan=replace(spec.plan, cache=cache))
     if spec.data is not None and spec.data.path is not None:
         if synthetic:
             spec = replace(spec, data=None)
@@ -65,7 +73,7 @@ def profiled_spec(path: Path, precision: str | None, batch: int | None, syntheti
 
 
 def profile(spec: Any, device: str, steps: int, warmup: int, rows: int, shapes: bool,
-            trace: Path | None) -> dict[str, Any]:
+            trace: Path | None, device_budget: str | None = None) -> dict[str, Any]:
     """Train `warmup + steps` steps of `spec` on `device`, the last `steps` under the profiler."""
     cuda = device.startswith("cuda")
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
@@ -85,7 +93,7 @@ def profile(spec: Any, device: str, steps: int, warmup: int, rows: int, shapes: 
     with prof:
         stamps.append(time.perf_counter())
         run = api.train(spec, device=device, max_steps=warmup + steps, epochs=max(1, warmup + steps),
-                        rows=rows, seed=0, on_step=on_step)
+                        rows=rows, seed=0, on_step=on_step, device_budget=device_budget)
     took = time.perf_counter() - started
     if run.result is None or run.result.steps < warmup + steps:
         done = 0 if run.result is None else run.result.steps
@@ -108,7 +116,8 @@ def profile(spec: Any, device: str, steps: int, warmup: int, rows: int, shapes: 
         prof.export_chrome_trace(str(trace))
     return {"device": torch.cuda.get_device_name(torch.device(device)) if cuda else platform.processor() or "cpu",
             "torch": torch.__version__, "threads": torch.get_num_threads(), "profiled_steps": steps,
-            "warmup_steps": warmup, "batch_size": spec.training.batch_size,
+            "warmup_steps": warmup, "batch_size": spec.training.batch_size, "device_budget": device_budget,
+            "cache": spec.plan.cache, "cache_counters": run.result.counters,
             "precision": spec.training.precision, "step_ms_profiled": [round(s * 1e3, 3) for s in window],
             "step_ms_median": round(statistics.median(window) * 1e3, 3) if window else None,
             "sorted_by": key, "run_seconds": round(took, 2), "ops": ops}
@@ -146,6 +155,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=3, help="steps before the profiled ones (default 3)")
     parser.add_argument("--rows", type=int, default=400_000,
                         help="synthetic training rows when the spec binds no data (default 400000)")
+    parser.add_argument("--device-budget", default=None,
+                        help="the plan's device budget, as `flowrec train --device-budget` (e.g. 64MiB: caches before host tables)")
+    parser.add_argument("--cache", choices=("auto", "none", "static_hot", "lookahead"), default=None,
+                        help="the plan's cache policy, as `flowrec train --cache` (default: the spec's)")
     parser.add_argument("--synthetic", action="store_true", help="synthetic rows even where the spec binds data")
     parser.add_argument("--shapes", action=argparse.BooleanOptionalAction, default=True,
                         help="one row per operator and input shapes (default) or per operator")
@@ -159,10 +172,18 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"no spec file at {args.spec}")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error(f"--device {args.device}: torch sees no CUDA device here")
-    scratch = tempfile.mkdtemp(prefix="flowrec-profile-")
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(scratch) / "inductor"))
-    spec = profiled_spec(args.spec, args.precision, args.batch, args.synthetic)
-    doc = profile(spec, args.device, args.steps, args.warmup, args.rows, args.shapes, args.trace)
+    if args.device_budget is not None:
+        from flowrec.spec.units import parse_bytes
+
+        try:
+            parse_bytes(args.device_budget)
+        except ValueError:
+            parser.error(f"--device-budget: {args.device_budget!r} is not a size (like 64MiB)")
+    spec = profiled_spec(args.spec, args.precision, args.batch, args.synthetic, args.cache)
+    with tempfile.TemporaryDirectory(prefix="flowrec-profile-") as scratch:
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(scratch) / "inductor"))
+        doc = profile(spec, args.device, args.steps, args.warmup, args.rows, args.shapes, args.trace,
+                      args.device_budget)
     doc["spec"] = str(args.spec)
     print("\n".join(table(doc, args.top)))
     if args.json is not None:
@@ -172,4 +193,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from flowrec.testing.benchargs import run_stoppable
+
+    sys.exit(run_stoppable(main))

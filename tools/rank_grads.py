@@ -121,4 +121,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from flowrec.testing.benchargs import run_stoppable
+
+    sys.exit(run_stoppable(main))

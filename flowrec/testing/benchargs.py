@@ -2,7 +2,8 @@
 `tools/bench_calibration_noise.py`): the spec, the compute threads and the plan's device budget,
 and the threads applied as `tools/bench_costmodel.py --threads` applies them; and what the
 start-up benchmarks share (`tools/bench_startup.py`, `tools/bench_startup_sample.py`): a
-temporary folder for the run and the spec of `--spec` / `--quick`.
+temporary folder for the run and the spec of `--spec` / `--quick`; and how every benchmark that
+makes temporary folders or child processes runs its `main` (`run_stoppable`).
 
 Example:
     >>> import argparse
@@ -93,3 +94,22 @@ def refuse_below_one(parser: argparse.ArgumentParser, args: argparse.Namespace, 
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
+
+
+def run_stoppable(main: Callable[[], T]) -> T:
+    """`main()` with SIGTERM and SIGHUP raised as Ctrl-C is (`flowrec.runtime.signals`), so that a
+    benchmark stopped by `kill`, `timeout` or a closed terminal unwinds as a Ctrl-C does: its child
+    processes' trees killed (`flowrec.testing.processes.run_tree`), its temporary folders removed
+    (their `with` blocks and `finally` clauses run), one line on stderr and exit 130. Python's
+    default for SIGTERM ended the process at once: a stopped `tools/bench_costmodel.py` left its
+    synthetic data and runs behind (16 GiB, which filled the disk of a later run) and its
+    `flowrec train` child running."""
+    from flowrec.runtime.signals import interrupt_name, terminated_as_interrupted
+
+    try:
+        with terminated_as_interrupted():
+            return main()
+    except KeyboardInterrupt as exc:
+        print(f"{Path(sys.argv[0]).name}: stopped ({interrupt_name(exc)}): its child processes were stopped "
+              f"and its temporary folders removed; nothing was written", file=sys.stderr)
+        raise SystemExit(130) from None

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from flowrec.planner.calibration import profile_document
-from flowrec.testing.processes import run_bounded
+from flowrec.testing.processes import communicate_bounded, descendants, kill_tree, run_bounded, running
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -67,3 +70,51 @@ def test_interleaved_pairs_each_run_after_a_calibration_of_its_own(tmp_path):
     assert row["step_error"] == pytest.approx(sum(errors) / 2) and row["pair_error_spread"] == pytest.approx(
         max(errors) - min(errors))
     assert doc["ratios"]["costmodel_max_step_error"] == abs(row["step_error"])
+
+
+def _hangup_default() -> None:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_stopped_benchmark_removes_its_temporary_folder_and_stops_its_run(tmp_path, signum):
+    """`kill` (SIGTERM) or a closed terminal (SIGHUP) while the benchmark's `flowrec train` runs:
+    the run's process tree stopped, the benchmark's temporary folder (its synthetic data, profiles
+    and runs: 16 GiB once left behind) removed, one line, exit 130, no result written. Python's
+    default ended the benchmark at once, leaving both."""
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps(profile_document("cpu", {"step_us": (300.0, "given")}, "test", "now")))
+    out, temp = tmp_path / "cost.json", tmp_path / "t"
+    temp.mkdir()
+    env = {**os.environ, "TMPDIR": str(temp)}
+    proc = subprocess.Popen([sys.executable, "tools/bench_costmodel.py", "--specs", "movielens.yaml", "--steps",
+                             "100000", "--runs", "1", "--profile", str(profile), "--json", str(out)],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_hangup_default)  # as from a terminal, even where the tests run under nohup
+    below: list[int] = []
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None:  # the data made, its run started
+            below = descendants(proc.pid)
+            if list(temp.glob("bench-cost-*/times")) and below:
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None and below, f"the benchmark's run did not start: {proc.poll()}"
+        time.sleep(1.0)
+        below = descendants(proc.pid)
+        proc.send_signal(signum)
+        _, err = communicate_bounded(proc, 120)
+    finally:
+        if proc.poll() is None:
+            kill_tree(proc.pid)
+        for pid in below:
+            if running(pid):
+                kill_tree(pid)
+    assert proc.returncode == 130, err[-3000:]
+    assert f"stopped ({signal.Signals(signum).name})" in err and "temporary folders removed" in err, err[-3000:]
+    assert list(temp.glob("bench-cost-*")) == [], "the benchmark's temporary folder was left behind"
+    assert not out.exists()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(running(pid) for pid in below):
+        time.sleep(0.2)
+    assert [pid for pid in below if running(pid)] == [], "the benchmark's run was left running"
