@@ -74,6 +74,28 @@ def test_static_hot_equals_device(dtype, hot_share):
         assert_same(train_cached(module, group, batches), train_reference(group, batches), dtype)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_local_ids_from_the_casting_equal_the_binary_search(seed):
+    """`local_ids` (static_hot's cold batches): each id's place among the batch's unique rows from
+    the casting's runs where every bag holds one id, the binary search otherwise; the same integers
+    on skewed random batches, also where as many ids as bags sit in bags of 0 and 2 ids."""
+    from flowrec.runtime.caches.slots import local_ids
+    from operators.casting import compute_casting
+
+    gen = torch.Generator().manual_seed(seed)
+    n = int(torch.randint(1, 3000, (1,), generator=gen))
+    ids = (torch.rand(n, generator=gen) ** 3 * 5000).long()  # skewed: many repeats of the small ids
+    single = torch.arange(n + 1)
+    lengths = torch.ones(n, dtype=torch.int64)
+    if n >= 2:
+        lengths[0], lengths[1] = 0, 2  # as many ids as bags, but not one id per bag
+    uneven = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+    for offsets in (single, uneven):
+        c = compute_casting(ids, offsets)
+        got = local_ids(ids, c.unique_ids, c, offsets)
+        assert torch.equal(got, torch.searchsorted(c.unique_ids, ids))
+        assert torch.equal(c.unique_ids[got], ids)
+
 def test_lookahead_window_larger_than_cache_is_an_error():
     spec = cache_spec()
     batches = staged(spec, rows=96, window=3)

@@ -24,7 +24,7 @@ import torch
 from flowrec.graph.kinds import hot_sample_rate
 from flowrec.graph.types import PackedGroup
 from flowrec.runtime.caches.base import CacheCapacityError, CachedEmbedding
-from flowrec.runtime.caches.slots import SlotTable, remap_casting, slot_bag, split_bag
+from flowrec.runtime.caches.slots import SlotTable, local_ids, remap_casting, slot_bag, split_bag
 
 NOT_HOT = -1  # hot_slot value of a cold row
 
@@ -93,20 +93,21 @@ class StaticHotEmbedding(CachedEmbedding):
             return self.gather_lookup(gids.ids, gids.offsets)
         self.count_index(gids)
         ids = gids.ids.cpu()
-        slot_ids = self.hot_slot[ids]
-        hot_hits = int((slot_ids != NOT_HOT).sum())
+        rows = self.unique_rows(gids)
+        casting = self.casting_of(gids)
+        unique_slots = self.hot_slot[rows]  # (U,): the batch's hits counted over its unique rows, not its ids
+        counts = casting.counts.cpu()  # (U,) each unique row's ids, in `rows` order (the casting's unique ids)
+        hot_hits = (int(counts[unique_slots != NOT_HOT].sum()) if counts.numel() == rows.numel()
+                    else int((self.hot_slot[ids] != NOT_HOT).sum()))
         self.counters.add_lookups(ids.numel(), hot_hits)
         self.counters.end_step(gids.offsets.numel() // max(self.group.bags_per_sample, 1))
         kind = "hot" if hot_hits == ids.numel() else "cold"
         if kind != self.last_kind:
             self._switch()
             self.last_kind = kind
-        rows = self.unique_rows(gids)
-        casting = self.casting_of(gids)
-        unique_slots = self.hot_slot[rows]
         if kind == "hot":
             self.dirty[unique_slots] = True
-            return slot_bag(self.hot, slot_ids.to(self.device), gids.offsets.to(self.device),
+            return slot_bag(self.hot, self.hot_slot[ids].to(self.device), gids.offsets.to(self.device),
                             remap_casting(casting, unique_slots))
         return self._cold_lookup(gids, rows, unique_slots, casting)
 
@@ -123,7 +124,7 @@ class StaticHotEmbedding(CachedEmbedding):
             working.index_copy_(0, dev_hot_pos, self.hot.weight.index_select(0, hot_slots.to(self.device)))
             working.index_copy_(0, dev_cold_pos, cold_w.to(self.device, non_blocking=True))
         self.dirty[hot_slots] = True
-        local = torch.searchsorted(rows, gids.ids.cpu()).to(self.device)
+        local = local_ids(gids.ids.cpu(), rows, casting, gids.offsets.cpu()).to(self.device)
 
         def update(grads: torch.Tensor) -> None:  # (U, D) in rows order
             if hot_slots.numel():
