@@ -96,9 +96,9 @@ class StaticHotEmbedding(CachedEmbedding):
         rows = self.unique_rows(gids)
         casting = self.casting_of(gids)
         unique_slots = self.hot_slot[rows]  # (U,): the batch's hits counted over its unique rows, not its ids
-        counts = casting.counts.cpu()  # (U,) each unique row's ids, in `rows` order (the casting's unique ids)
-        hot_hits = (int(counts[unique_slots != NOT_HOT].sum()) if counts.numel() == rows.numel()
-                    else int((self.hot_slot[ids] != NOT_HOT).sum()))
+        # `rows` are the casting's unique ids (the cold path's split bag relies on it too): its counts
+        # give each unique row's ids
+        hot_hits = int(casting.counts.cpu()[unique_slots != NOT_HOT].sum())
         self.counters.add_lookups(ids.numel(), hot_hits)
         self.counters.end_step(gids.offsets.numel() // max(self.group.bags_per_sample, 1))
         kind = "hot" if hot_hits == ids.numel() else "cold"
