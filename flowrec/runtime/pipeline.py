@@ -6,7 +6,8 @@ this stage moves dense features, labels and the ids of device-placed groups to t
 each tensor first slowed the step on the compute thread) and hands them to compute through a bounded queue
 of `depth` batches, so staging and transfer overlap compute. On a CPU device it is a pass-through,
 unless asked to run the batches' iterator on its thread (`background`: batches formed after
-staging, FAE's hot/cold batches with their lookahead windows, are formed there, not in the step's).
+staging, FAE's hot/cold batches and their lookahead windows, are formed there, beside the steps,
+not in the step's).
 
 Example:
     >>> with TransferStage(batches, torch.device("cpu"), depth=2) as staged:  # doctest: +SKIP

@@ -56,6 +56,30 @@ def test_hot_and_cold_batches_cover_the_epoch_once(hot_run, cold_run):
     assert all(b.size == 32 for b in out[:-2])
 
 
+@pytest.mark.parametrize("hot_run,cold_run", [(4, 1), (2, 3)])
+def test_every_formed_batch_carries_the_casting_of_its_own_ids(hot_run, cold_run):
+    """The pools' parts carry no extras (they are cast once, as a batch is emitted): each emitted
+    batch's casting and unique rows are those of its own ids and offsets, none left from a part."""
+    from flowrec.data.lookahead import mean_flags
+    from operators.casting import compute_casting
+
+    spec = cache_spec()
+    batches = staged(spec, window=1)
+    modules = hot_modules(spec, batches, 0.3)
+    hot = {n: m.is_hot() for n, m in modules.items()}
+    groups = {m.group.name: m.group for m in modules.values()}
+    out = list(HotColdBatcher(batches, hot, groups.values(), 32, hot_run, cold_run))
+    assert len(out) > 3
+    fields = ("unique_ids", "counts", "unique_offsets", "sorted_bags")
+    for batch in out:
+        for name, g in batch.groups.items():
+            want = compute_casting(g.ids, g.offsets, mean_flags(groups[name]))
+            assert want.num_bags == g.casting.num_bags == batch.size * groups[name].bags_per_sample
+            for field in fields:
+                assert torch.equal(getattr(g.casting, field), getattr(want, field)), (name, field)
+            assert torch.equal(g.unique, want.unique_ids) and torch.equal(g.window_unique, want.unique_ids)
+
+
 def test_select_samples_repacks_ids_and_offsets():
     spec = cache_spec()
     batch = staged(spec, window=1)[0]
