@@ -30,7 +30,9 @@ Example:
 """
 from __future__ import annotations
 
+import contextlib
 import os
+from typing import Iterator
 
 import torch
 
@@ -96,6 +98,23 @@ def gemm_library() -> str:
             raise ValueError(f"{GEMM_LIBRARY_ENV}={asked!r}: use auto, onednn or mkl")
         _LIBRARY = asked if asked != "auto" else ("mkl" if cpu_vendor() == "GenuineIntel" else "onednn")
     return _LIBRARY
+
+
+@contextlib.contextmanager
+def torch_gemms() -> Iterator[None]:
+    """Within it, this module's fp32 layers run torch's `mm`/`addmm` (`gemm_library` "mkl")
+    whatever the CPU: the GEMMs that code traced by `torch.compile` or `torch.export` runs (it
+    takes `nn.functional.linear`), so an eager result compares bitwise with a compiled or exported
+    one. On a CPU that is not Intel's the eager layers otherwise run oneDNN's GEMMs, which sum in
+    another order (allclose, not bitwise). For checks, one thread at a time: it sets the module's
+    choice for the process and restores it at the end."""
+    global _LIBRARY
+    saved = gemm_library()
+    _LIBRARY = "mkl"
+    try:
+        yield
+    finally:
+        _LIBRARY = saved
 
 
 def cpu_vendor() -> str:
@@ -177,11 +196,40 @@ def _round(t: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
 def _gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, post: str = "none") -> torch.Tensor:
     """x weight^T (+ bias) (-> post-op) in one oneDNN call; `weight` may be a transposed view
     (`gemm_library` "mkl": torch's `addmm`/`mm`, the ReLU in place on the fresh output; also an
-    empty product, 0 rows or a 0-long sum, which oneDNN refuses: a rank's empty slice).  # (B, Out)"""
+    empty product, 0 rows or a 0-long sum, which oneDNN refuses: a rank's empty slice). Where
+    oneDNN's fused ReLU turns a NaN into 0 (`relu_keeps_nan`), the ReLU runs in place after the
+    GEMM, as torch's does.  # (B, Out)"""
     if gemm_library() == "mkl" or 0 in x.shape:
         y = torch.mm(x, weight.t()) if bias is None else torch.addmm(bias, x, weight.t())
         return torch.relu_(y) if post == "relu" else y
+    if post == "relu" and not relu_keeps_nan():
+        return torch.relu_(_POINTWISE(x, weight, bias, "none", [], ""))
     return _POINTWISE(x, weight, bias, post, [], "")
+
+
+_RELU_KEEPS_NAN: bool | None = None  # probed at first use (`relu_keeps_nan`)
+
+
+def relu_keeps_nan() -> bool:
+    """Whether oneDNN's ReLU fused into its GEMM keeps a NaN a NaN, as `torch.relu` does.
+
+    Its AVX-512 kernels on an AMD EPYC (family 25) clamp with a max that returns 0 for NaN: a
+    layer after a module that returned NaN rows gave zero rows there, the loss stayed finite, and
+    the run stopped steps later on a non-finite weight (the NaN came back through the weight
+    gradient, 0 x NaN), never naming the module; on an Intel CPU (torch's GEMM and ReLU) the same
+    spec stopped at once on its non-finite loss. Where it does not keep NaN, `_gemm` runs the ReLU
+    as a pass of its own (one read and write of the output)."""
+    global _RELU_KEEPS_NAN
+    if _RELU_KEEPS_NAN is None:
+        with torch.autocast("cpu", enabled=False):
+            x = torch.ones(3, 4)
+            x[1, 2] = float("nan")
+            try:
+                y = _POINTWISE(x, torch.ones(5, 4), torch.zeros(5), "relu", [], "")
+                _RELU_KEEPS_NAN = bool(torch.isnan(y[1]).all()) and not bool(torch.isnan(y[[0, 2]]).any())
+            except Exception:  # noqa: BLE001 - no fused ReLU to trust: the separate pass
+                _RELU_KEEPS_NAN = False
+    return _RELU_KEEPS_NAN
 
 
 def _gemm_accumulate(y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -241,8 +241,12 @@ def test_compiled_dropout_is_not_recompiled_for_every_steps_seed():
     """`flowrec train --compile` reseeds the dropout masks every step; the seed and the row count
     were constants of the compiled graph, so every step compiled the dense stage again until
     dynamo's recompile limit (8), then ran eager with a warning (esmm_multitask: 10 steps in 60 s).
-    The mask is now drawn outside the compiled graph: compiled once, the eager model's values."""
+    The mask is now drawn outside the compiled graph: compiled once, the eager model's values
+    (the eager layers on torch's GEMMs, as the traced graph runs them: `onednn.torch_gemms`; on a
+    CPU that is not Intel's they otherwise run oneDNN's, which sum in another order)."""
     from torch._dynamo.testing import CompileCounter
+
+    from operators.onednn import torch_gemms
 
     torch._dynamo.reset()
     seed = random.randrange(1 << 30)
@@ -254,7 +258,8 @@ def test_compiled_dropout_is_not_recompiled_for_every_steps_seed():
         x = skewed(64, 6, seed=seed + step).float()
         for d in mlp.drops:
             d.reseed(seed + step)
-        want = mlp(x)
+        with torch_gemms():
+            want = mlp(x)
         for d in mlp.drops:
             d.reseed(seed + step)
         got = compiled(x)

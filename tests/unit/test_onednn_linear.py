@@ -290,6 +290,36 @@ def test_linear_add_and_column_slices(dtype: torch.dtype) -> None:
         onednn.linear(x1, full[:, :20], relu=True, add=y)
 
 
+@pytest.mark.parametrize("fused", ["as_probed", "separate"])
+def test_a_nan_row_stays_nan_through_a_relu_layer_as_in_torch(fused: str, monkeypatch) -> None:
+    """oneDNN's ReLU fused into the GEMM gave 0 for NaN on an AMD EPYC: the NaN rows a module
+    returned became zero rows, the loss stayed finite and a run stopped steps later on a weight,
+    never naming the module. Through oneDNN (forced, on any CPU) NaN rows stay NaN forward and the
+    gradients are torch's: NaN where torch's are, the same values elsewhere."""
+    if not onednn.available():
+        pytest.skip("oneDNN's linear is not usable in this torch")
+    monkeypatch.setattr(onednn, "_LIBRARY", "onednn")
+    if fused == "separate":
+        monkeypatch.setattr(onednn, "_RELU_KEEPS_NAN", False)
+    gen = torch.Generator().manual_seed(5)
+    x, w, b = _skewed(gen, 96, 23), _skewed(gen, 17, 23), _skewed(gen, 17, 1).flatten()
+    bad = torch.randperm(96, generator=gen)[:7]
+    x[bad, torch.randint(0, 23, (7,), generator=gen)] = float("nan")
+    xs, ws, bs = (t.clone().requires_grad_(True) for t in (x, w, b))
+    xr, wr, br = (t.clone().requires_grad_(True) for t in (x, w, b))
+    y, ref = onednn.linear(xs, ws, bs, relu=True), _reference(xr, wr, br, True)
+    assert torch.equal(torch.isnan(y), torch.isnan(ref)) and bool(torch.isnan(y[bad]).all())
+    good = torch.ones(96, dtype=torch.bool)
+    good[bad] = False
+    torch.testing.assert_close(y[good], ref[good], rtol=1e-5, atol=1e-5)
+    grad = _skewed(gen, 96, 17)
+    y.backward(grad)
+    ref.backward(grad)
+    for got, want in ((xs.grad, xr.grad), (ws.grad, wr.grad), (bs.grad, br.grad)):
+        assert torch.equal(torch.isnan(got), torch.isnan(want))
+        torch.testing.assert_close(torch.nan_to_num(got), torch.nan_to_num(want), rtol=1e-4, atol=1e-4)
+
+
 def test_a_onednn_that_fails_its_probe_takes_the_plain_path(monkeypatch) -> None:
     """Where torch's internal oneDNN op is missing, raises or disagrees on this CPU, `linear`
     runs nn.functional.linear (probed once, at first use), with the same results."""
@@ -403,3 +433,19 @@ def test_an_mlp_exports_with_a_dynamic_batch() -> None:
     with torch.enable_grad():
         program = export(mlp, (_skewed(gen, 64, 12),), dynamic_shapes={"x": {0: Dim("batch", min=2)}})
         assert program.module()(x).shape == (1500, 8)
+
+
+def test_torch_gemms_runs_torch_s_gemm_and_restores_the_choice(monkeypatch) -> None:
+    """Within `torch_gemms` an fp32 layer is torch's `addmm` (+ ReLU) bitwise, what traced code
+    runs; the machine's choice comes back after it, also after an error."""
+    monkeypatch.setattr(onednn, "_LIBRARY", "onednn")
+    gen = torch.Generator().manual_seed(11)
+    x, w, b = _skewed(gen, 300, 40), _skewed(gen, 24, 40), _skewed(gen, 24, 1).flatten()
+    with onednn.torch_gemms():
+        assert onednn.gemm_library() == "mkl"
+        got = onednn.linear(x.clone().requires_grad_(True), w, b, relu=True)
+    assert torch.equal(got, torch.relu(torch.addmm(b, x, w.t())))
+    assert onednn.gemm_library() == "onednn"
+    with pytest.raises(KeyError), onednn.torch_gemms():
+        raise KeyError("inside")
+    assert onednn.gemm_library() == "onednn"
