@@ -221,14 +221,17 @@ def relu_keeps_nan() -> bool:
     as a pass of its own (one read and write of the output)."""
     global _RELU_KEEPS_NAN
     if _RELU_KEEPS_NAN is None:
+        keeps = True
         with torch.autocast("cpu", enabled=False):
-            x = torch.ones(3, 4)
-            x[1, 2] = float("nan")
-            try:
-                y = _POINTWISE(x, torch.ones(5, 4), torch.zeros(5), "relu", [], "")
-                _RELU_KEEPS_NAN = bool(torch.isnan(y[1]).all()) and not bool(torch.isnan(y[[0, 2]]).any())
-            except Exception:  # noqa: BLE001 - no fused ReLU to trust: the separate pass
-                _RELU_KEEPS_NAN = False
+            for rows, fan_in, out in ((3, 4, 5), (512, 256, 128)):  # a tiny and a blocked kernel's shape
+                x = torch.ones(rows, fan_in)
+                x[1, 2] = float("nan")
+                try:
+                    y = _POINTWISE(x, torch.ones(out, fan_in), torch.zeros(out), "relu", [], "")
+                    keeps = keeps and bool(torch.isnan(y[1]).all()) and int(torch.isnan(y).sum()) == out
+                except Exception:  # noqa: BLE001 - no fused ReLU to trust: the separate pass
+                    keeps = False
+        _RELU_KEEPS_NAN = keeps
     return _RELU_KEEPS_NAN
 
 

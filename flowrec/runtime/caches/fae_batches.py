@@ -9,9 +9,9 @@ batches (the casting index and unique rows; the window is the batch itself, sinc
 batches changed: the trainer takes a lookahead group's window and horizon of the emitted batches,
 `flowrec.data.lookahead.windowed`), once per emitted batch: the pools' parts (a staged batch's hot
 and cold samples, their concatenation, the rest a batch leaves) carry their ids and offsets only.
-Recomputing them at every split and join cast each sample's ids four to five times: 23 ms a step
-of deepfm_criteo's 150 ms at batch 4,096 (a 64 MiB budget, one compute thread, AMD EPYC), on the
-step's thread.
+Recomputing them at every split and join cast each sample's ids four to five times: 23 ms of
+deepfm_criteo's 176 ms profiled step at batch 4,096 (a 64 MiB budget, one compute thread, AMD
+EPYC; py-spy), on the step's thread then.
 
 Example:
     >>> hot = {g: emb.is_hot() for g, emb in cached.items()}  # doctest: +SKIP
