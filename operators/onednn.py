@@ -221,18 +221,21 @@ def relu_keeps_nan() -> bool:
     as a pass of its own (one read and write of the output)."""
     global _RELU_KEEPS_NAN
     if _RELU_KEEPS_NAN is None:
-        keeps = True
-        with torch.autocast("cpu", enabled=False):
-            for rows, fan_in, out in ((3, 4, 5), (512, 256, 128)):  # a tiny and a blocked kernel's shape
-                x = torch.ones(rows, fan_in)
-                x[1, 2] = float("nan")
-                try:
-                    y = _POINTWISE(x, torch.ones(out, fan_in), torch.zeros(out), "relu", [], "")
-                    keeps = keeps and bool(torch.isnan(y[1]).all()) and int(torch.isnan(y).sum()) == out
-                except Exception:  # noqa: BLE001 - no fused ReLU to trust: the separate pass
-                    keeps = False
-        _RELU_KEEPS_NAN = keeps
+        try:
+            with torch.autocast("cpu", enabled=False):  # a tiny and a blocked kernel's shape
+                _RELU_KEEPS_NAN = all(_fused_relu_keeps_nan(*shape) for shape in ((3, 4, 5), (512, 256, 128)))
+        except Exception:  # noqa: BLE001 - no fused ReLU to trust: the separate pass
+            _RELU_KEEPS_NAN = False
     return _RELU_KEEPS_NAN
+
+
+def _fused_relu_keeps_nan(rows: int, fan_in: int, out: int) -> bool:
+    """Whether oneDNN's fused ReLU of a (rows, fan_in) x (fan_in, out) GEMM whose row 1 holds a NaN
+    gives NaN on that row and nowhere else."""
+    x = torch.ones(rows, fan_in)
+    x[1, 2] = float("nan")
+    y = _POINTWISE(x, torch.ones(out, fan_in), torch.zeros(out), "relu", [], "")
+    return bool(torch.isnan(y[1]).all()) and int(torch.isnan(y).sum()) == out
 
 
 def _gemm_accumulate(y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

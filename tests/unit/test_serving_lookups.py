@@ -10,6 +10,7 @@ next feature's ids, where the lookup per field erred or kept them apart)."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import shutil
 from pathlib import Path
@@ -103,9 +104,11 @@ def _per_field(model: ServingModel, dense, sparse, exported: bool = True) -> tor
     dense layers on torch's GEMMs as an exported program runs them (`exported`, `onednn.torch_gemms`:
     on a CPU that is not Intel's the eager layers run oneDNN's, 1 ulp apart at times), else on the
     eager model's own."""
-    if exported:
-        with torch_gemms():
-            return _per_field(model, dense, sparse, exported=False)
+    with torch_gemms() if exported else contextlib.nullcontext():
+        return _per_field_scores(model, dense, sparse)
+
+
+def _per_field_scores(model: ServingModel, dense, sparse) -> torch.Tensor:
     emb, masks = {}, {}
     for group, fields in model.fields.items():
         parts = []

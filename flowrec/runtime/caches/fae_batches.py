@@ -77,10 +77,11 @@ def select_samples(batch: Any, index: torch.Tensor, groups: Mapping[str, PackedG
                    size=int(index.numel()))
 
 
-def concat_batches(parts: list[Any], groups: Mapping[str, PackedGroup], extras: bool = True) -> Any:
-    """One batch of the samples of `parts`, in order, extras recomputed (`extras`, as `select_samples`)."""
+def concat_batches(parts: list[Any]) -> Any:
+    """One batch of the samples of `parts`, in order; its extras left as the first part's (stale:
+    `with_extras` completes the batch a pool emits)."""
     if len(parts) == 1:
-        return with_extras(parts[0], groups) if extras else parts[0]
+        return parts[0]
     out = {}
     for name in parts[0].groups:
         ids = torch.cat([p.groups[name].ids for p in parts])
@@ -89,8 +90,7 @@ def concat_batches(parts: list[Any], groups: Mapping[str, PackedGroup], extras: 
             o = p.groups[name].offsets
             offs.append(o[1:] + base)
             base += int(o[-1])
-        part = replace(parts[0].groups[name], ids=ids, offsets=torch.cat(offs))
-        out[name] = _extras(part, groups[name]) if extras else part
+        out[name] = replace(parts[0].groups[name], ids=ids, offsets=torch.cat(offs))
     return replace(parts[0], dense=torch.cat([p.dense for p in parts]), labels=torch.cat([p.labels for p in parts]),
                    groups=out, size=sum(p.size for p in parts))
 
@@ -122,7 +122,7 @@ class _Pool:
 
     def take(self, n: int, groups: Mapping[str, PackedGroup]) -> Any:
         """The first `n` samples waiting, as a batch with its extras; the rest wait on (no extras)."""
-        whole = concat_batches(self.parts, groups, extras=False)
+        whole = concat_batches(self.parts)
         n = min(n, whole.size)
         head = select_samples(whole, torch.arange(n), groups, extras=False) if n < whole.size else whole
         rest = select_samples(whole, torch.arange(n, whole.size), groups, extras=False) if n < whole.size else None
